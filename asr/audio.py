@@ -1,0 +1,168 @@
+"""Audio in, features out: loading, resampling, the feature front end and SpecAugment.
+
+The front end is an ``nn.Module`` that lives inside the model (``asr.model.CTCModel``),
+so training and transcription can never compute features differently. Window and hop
+are given in seconds, so one code path serves 8 kHz and 16 kHz audio:
+
+    8 kHz preset:  log linear spectrogram, 20 ms window, 10 ms hop, n_fft 160 -> 81 bins
+    16 kHz preset: log-mel, 25 ms window, 10 ms hop, 80 mel bins
+                   (``kind="linear"`` gives a 161-bin linear spectrogram, 20 ms window)
+
+Frames: an utterance of ``n`` samples gives ``n // hop`` frames (16 s at 8 kHz -> 1600).
+Frame ``i`` covers samples ``[i * hop, i * hop + window)``; samples past the end count as
+zeros, so a padded utterance gives exactly the frames it gives alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import torch
+import torchaudio.functional as AF
+from torch import nn
+
+SAMPLE_RATES = (8000, 16000)  # the rates the presets are made for; others work too
+HOP_SECONDS = 0.010  # 10 ms between feature frames, both presets
+LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
+
+
+class AudioError(ValueError):
+    """An audio file that cannot be used; the message names the file."""
+
+
+def load_audio(path: str | Path, offset: float = 0.0, duration: float | None = None) -> tuple[np.ndarray, int]:
+    """Read ``path`` with soundfile, mixed to mono.
+
+    Returns (samples float32 of shape (n,), sample rate in Hz). ``offset`` and
+    ``duration`` are in seconds; ``duration=None`` reads to the end.
+    """
+    try:
+        with soundfile.SoundFile(str(path)) as f:
+            rate = f.samplerate
+            f.seek(int(round(offset * rate)))
+            frames = -1 if duration is None else int(round(duration * rate))
+            data = f.read(frames, dtype="float32", always_2d=True)  # (n, channels)
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
+        raise AudioError(f"{path}: cannot read audio ({err})") from err
+    if data.shape[0] == 0:
+        raise AudioError(f"{path}: no audio samples (empty file or offset past the end)")
+    return data.mean(axis=1), rate
+
+
+def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:
+    """Resample (..., n) float audio from ``from_rate`` to ``to_rate`` Hz (torchaudio's sinc filter)."""
+    if from_rate == to_rate:
+        return samples
+    return AF.resample(samples, from_rate, to_rate)
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """What the front end computes; ``preset(sample_rate)`` gives the documented defaults."""
+
+    sample_rate: int = 16000  # Hz
+    kind: str = "mel"  # "mel" (log-mel) or "linear" (log power spectrogram)
+    win_seconds: float = 0.025  # analysis window length; n_fft = window in samples
+    n_mels: int = 80  # only for kind="mel"
+
+    @staticmethod
+    def preset(sample_rate: int, kind: str = "auto") -> "FeatureConfig":
+        """The 8 kHz (linear, 20 ms) or 16 kHz (mel, 25 ms) preset; ``kind`` overrides the type."""
+        if kind == "auto":
+            kind = "linear" if sample_rate <= 8000 else "mel"
+        if kind not in ("mel", "linear"):
+            raise ValueError(f"features must be 'auto', 'mel' or 'linear', got {kind!r}")
+        win = 0.025 if kind == "mel" else 0.020
+        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win)
+
+    @property
+    def win_length(self) -> int:
+        return int(round(self.win_seconds * self.sample_rate))  # samples per window (= n_fft)
+
+    @property
+    def hop_length(self) -> int:
+        return int(round(HOP_SECONDS * self.sample_rate))  # samples between frames
+
+    @property
+    def n_feats(self) -> int:
+        return self.n_mels if self.kind == "mel" else self.win_length // 2 + 1
+
+
+def num_frames(num_samples: torch.Tensor | int, sample_rate: int) -> torch.Tensor | int:
+    """Feature frames for an utterance of ``num_samples`` samples (see the module docstring)."""
+    return num_samples // int(round(HOP_SECONDS * sample_rate))
+
+
+class FeatureExtractor(nn.Module):
+    """(B, n) waveforms and lengths -> (B, T, F) normalised log features and frame lengths.
+
+    Always computed in fp32 with autocast off. Each utterance is normalised to zero mean
+    and unit variance per feature bin over its own frames; padded frames are zero.
+    """
+
+    def __init__(self, config: FeatureConfig):
+        super().__init__()
+        self.config = config
+        self.register_buffer("window", torch.hann_window(config.win_length), persistent=False)
+        if config.kind == "mel":
+            fbanks = AF.melscale_fbanks(
+                config.win_length // 2 + 1, 0.0, config.sample_rate / 2, config.n_mels, config.sample_rate
+            )  # (bins, mels)
+            self.register_buffer("fbanks", fbanks, persistent=False)
+        else:
+            self.fbanks = None
+
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        with torch.autocast(device_type=audio.device.type, enabled=False):
+            audio = audio.float()
+            positions = torch.arange(audio.shape[1], device=audio.device)
+            audio = audio * (positions[None, :] < lengths[:, None])  # zero whatever collate padded with
+            audio = nn.functional.pad(audio, (0, cfg.win_length - cfg.hop_length))
+            spec = torch.stft(
+                audio, n_fft=cfg.win_length, hop_length=cfg.hop_length, window=self.window,
+                center=False, return_complex=True,
+            )  # (B, bins, T + 1)
+            power = spec.abs().pow(2).transpose(1, 2)  # (B, T', bins)
+            if self.fbanks is not None:
+                power = power @ self.fbanks  # (B, T', mels)
+            feats = torch.log(power + LOG_FLOOR)
+            frame_lengths = num_frames(lengths, cfg.sample_rate)
+            feats = feats[:, : int(frame_lengths.max())]  # (B, T, F)
+            return normalise(feats, frame_lengths), frame_lengths
+
+
+def normalise(feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Per utterance and bin: zero mean, unit variance over the first ``lengths`` frames; padding -> 0."""
+    mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
+    count = lengths.clamp(min=1).to(feats.dtype)[:, None, None]  # (B, 1, 1)
+    mean = (feats * mask).sum(1, keepdim=True) / count
+    var = ((feats - mean).pow(2) * mask).sum(1, keepdim=True) / count
+    return (feats - mean) / (var + 1e-5).sqrt() * mask
+
+
+class SpecAugment(nn.Module):
+    """Frequency and time masks (torchaudio's), different for each utterance; only in training.
+
+    ``time_width`` is the largest time mask as a fraction of the batch's frames.
+    """
+
+    def __init__(self, freq_masks: int = 2, freq_width: int = 15, time_masks: int = 2, time_width: float = 0.05):
+        super().__init__()
+        self.freq_masks, self.freq_width = freq_masks, freq_width
+        self.time_masks, self.time_width = time_masks, time_width
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) -> (B, T, F); masked values are 0, the normalised mean."""
+        if not self.training:
+            return feats
+        x = feats.transpose(1, 2).unsqueeze(1)  # (B, 1, F, T): torchaudio's (..., freq, time)
+        for _ in range(self.freq_masks):
+            x = AF.mask_along_axis_iid(x, self.freq_width, 0.0, axis=2)
+        time_param = max(1, int(self.time_width * feats.shape[1]))
+        for _ in range(self.time_masks):
+            x = AF.mask_along_axis_iid(x, time_param, 0.0, axis=3)
+        return x.squeeze(1).transpose(1, 2)

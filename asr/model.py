@@ -1,0 +1,152 @@
+"""The network, in plain PyTorch (no Lightning): features -> subsampling -> Transformer -> CTC head.
+
+    audio (B, n) ──FeatureExtractor──> (B, T, F) ──SpecAugment (training only)──>
+    ──Conv2dSubsampling (x4 or x8)──> (B, T', d) ──pre-LN Transformer blocks──> LayerNorm
+    ──Linear──> (B, T', V) ──log_softmax in fp32──> CTC log-probabilities
+
+T counts feature frames (10 ms each) before subsampling, T' encoder frames after it.
+Lengths are carried explicitly: padded frames are masked out of attention, so an
+utterance's output does not depend on what it was batched with.
+Size presets (tiny ~1M ... xl ~500M parameters) are YAML files in ``configs/model/``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from asr.audio import FeatureConfig, FeatureExtractor, SpecAugment, num_frames
+
+
+@dataclass
+class EncoderConfig:
+    """Shapes of the encoder; ``vocab_size`` includes the CTC blank (see asr.tokenizer)."""
+
+    vocab_size: int
+    n_feats: int = 80  # feature bins per frame
+    d_model: int = 144
+    n_heads: int = 4
+    n_layers: int = 4
+    ff_mult: int = 4  # feed-forward width = ff_mult * d_model
+    dropout: float = 0.1
+    subsampling: int = 4  # 4 or 8: feature frames per encoder frame
+
+
+def subsampled_lengths(frames: torch.Tensor | int, factor: int) -> torch.Tensor | int:
+    """Encoder frames T' for ``frames`` feature frames T: each stride-2, kernel-3 conv maps L -> (L - 1) // 2.
+
+    Too short an utterance (under 7 frames at x4, 15 at x8) gets 0 encoder frames, not fewer.
+    """
+    for _ in range(int(math.log2(factor))):
+        frames = (frames - 1) // 2
+    return frames.clamp(min=0) if isinstance(frames, torch.Tensor) else max(0, frames)
+
+
+class Conv2dSubsampling(nn.Module):
+    """(B, T, F) -> (B, T', d_model) with log2(factor) stride-2 3x3 convolutions, no padding.
+
+    Without padding an output frame only sees input frames inside the utterance.
+    """
+
+    def __init__(self, n_feats: int, d_model: int, factor: int):
+        super().__init__()
+        if factor not in (4, 8):
+            raise ValueError(f"model.subsampling must be 4 or 8, got {factor}")
+        layers, channels, freq = [], 1, n_feats
+        for _ in range(int(math.log2(factor))):
+            layers += [nn.Conv2d(channels, d_model, kernel_size=3, stride=2), nn.ReLU()]
+            channels, freq = d_model, (freq - 1) // 2
+        self.conv = nn.Sequential(*layers)
+        self.out = nn.Linear(d_model * freq, d_model)
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # A batch shorter than the convolutions' reach still gives one (masked) frame, not an error.
+        x = F.pad(x, (0, 0, 0, max(0, 2 * self.factor - 1 - x.shape[1])))
+        x = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        b, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, c * f))  # (B, T', d)
+        return x, subsampled_lengths(lengths, self.factor)
+
+
+def sinusoids(length: int, channels: int) -> torch.Tensor:
+    """(length, channels) absolute sinusoidal position codes (whisper's form)."""
+    log_timescale = math.log(10000) / (channels // 2 - 1)
+    inv = torch.exp(-log_timescale * torch.arange(channels // 2))
+    angles = torch.arange(length)[:, None] * inv[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+class Block(nn.Module):
+    """Pre-LN Transformer block: x + attn(LN(x)), then x + ff(LN(x))."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"model.d_model ({cfg.d_model}) must be divisible by model.n_heads ({cfg.n_heads})")
+        self.n_heads, self.dropout = cfg.n_heads, cfg.dropout
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ff_norm = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.ff_mult * cfg.d_model), nn.GELU(), nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model),
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T', d); mask (B, 1, 1, T') True where a key is a real frame."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, T', d/H)
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.ff(self.ff_norm(x)))
+
+
+class CTCModel(nn.Module):
+    """Waveforms in, CTC log-probabilities out. The feature front end is part of the model.
+
+    ``checkpoint_every=k`` recomputes every k-th block's activations in the backward pass
+    (non-reentrant activation checkpointing); 0 turns it off.
+    """
+
+    def __init__(self, features: FeatureConfig, cfg: EncoderConfig, spec_augment: SpecAugment | None = None,
+                 checkpoint_every: int = 0):
+        super().__init__()
+        if cfg.n_feats != features.n_feats:
+            raise ValueError(f"EncoderConfig.n_feats={cfg.n_feats} but the features give {features.n_feats}")
+        if checkpoint_every < 0:
+            raise ValueError(f"model.checkpoint_every must be >= 0 (0 = off), got {checkpoint_every}")
+        self.cfg, self.checkpoint_every = cfg, checkpoint_every
+        self.features = FeatureExtractor(features)
+        self.spec_augment = spec_augment or nn.Identity()
+        self.subsampling = Conv2dSubsampling(cfg.n_feats, cfg.d_model, cfg.subsampling)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, n) and lengths (B,) in samples -> log-probs (B, T', V) in fp32 and lengths (B,)."""
+        feats, frames = self.features(audio, lengths)  # (B, T, F), fp32
+        x, lengths = self.subsampling(self.spec_augment(feats), frames)  # (B, T', d)
+        x = x + sinusoids(x.shape[1], x.shape[2]).to(x.device, x.dtype)
+        mask = (torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None])[:, None, None, :]
+        for i, block in enumerate(self.blocks):
+            if self.training and self.checkpoint_every and i % self.checkpoint_every == 0:
+                x = checkpoint(block, x, mask, use_reentrant=False)
+            else:
+                x = block(x, mask)
+        logits = self.head(self.norm(x))  # (B, T', V)
+        return logits.float().log_softmax(dim=-1), lengths
+
+    def encoder_frames(self, num_samples: int) -> int:
+        """Encoder frames T' the model gives for an utterance of ``num_samples`` samples."""
+        return subsampled_lengths(num_frames(num_samples, self.features.config.sample_rate), self.cfg.subsampling)

@@ -1,0 +1,78 @@
+"""Sentencepiece tokenizer and the CTC blank-id contract.
+
+Contract: the model's output class ``i`` is sentencepiece piece ``i``. Piece 0 is the
+CTC blank (trained in as sentencepiece's pad piece ``<blank>``, which encoding never
+produces), piece 1 is ``<unk>``; there is no BOS or EOS. So ``vocab_size`` is both the
+tokenizer's size and the width of the CTC head.
+
+The serialized sentencepiece model (bytes) travels inside every checkpoint
+(``Tokenizer.serialized``), so a checkpoint alone is enough to transcribe.
+
+    tok = Tokenizer.train(["call five two", "spell c a t"], model_type="char")
+    tok.decode(tok.encode("call five")) == "call five"
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+BLANK_ID = 0  # CTC blank: the first output class of every model
+UNK_ID = 1  # sentencepiece's unknown piece: text that encodes to it cannot be learned
+MODEL_TYPES = ("char", "unigram", "bpe")
+
+
+class Tokenizer:
+    """A sentencepiece model that keeps its own serialized bytes."""
+
+    def __init__(self, serialized: bytes):
+        self.serialized = bytes(serialized)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.serialized)
+        if self.sp.id_to_piece(BLANK_ID) != "<blank>" or self.sp.unk_id() != UNK_ID:
+            raise ValueError(
+                "this sentencepiece model does not follow the blank-id contract: piece 0 must be "
+                "'<blank>' (pad_id=0, pad_piece='<blank>') and piece 1 '<unk>'; train it with Tokenizer.train"
+            )
+
+    @classmethod
+    def train(cls, texts: Iterable[str], model_type: str = "char", vocab_size: int = 64) -> "Tokenizer":
+        """Train on ``texts``; ``vocab_size`` is an upper bound for unigram/bpe and ignored for char."""
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"tokenizer model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("cannot train a tokenizer on no text")
+        buffer = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=buffer,
+            model_type=model_type,
+            vocab_size=vocab_size,
+            hard_vocab_limit=False,  # small corpora have fewer pieces than asked for: take what there is
+            character_coverage=1.0,
+            pad_id=BLANK_ID, pad_piece="<blank>", unk_id=UNK_ID, bos_id=-1, eos_id=-1,
+            num_threads=1,  # deterministic, and the corpora it trains on here are small
+            minloglevel=2,
+        )
+        return cls(buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        """Read a ``.model`` file written by ``save`` (or by sentencepiece with the same contract)."""
+        return cls(Path(path).read_bytes())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.serialized)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if i != BLANK_ID])

@@ -1,0 +1,146 @@
+"""Shared fixtures: synthetic audio on disk, a tiny manifest corpus, a char tokenizer, tiny models.
+
+Everything is generated into ``tmp_path`` (no bundled data, no downloads) and sized so the
+whole unit suite runs in well under a minute on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from asr.audio import FeatureConfig
+from asr.model import CTCModel, EncoderConfig
+from asr.tokenizer import Tokenizer
+
+TEXTS = ["call five two nine", "spell c a t", "nine four", "two five", "call nine", "four two one"]
+
+
+def sine(seconds: float, rate: int, channels: int = 1, freq: float = 220.0, seed: int = 0) -> np.ndarray:
+    """(n,) or (n, channels) float32: a sine plus a little noise, different per channel."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(round(seconds * rate))) / rate
+    columns = [0.5 * np.sin(2 * np.pi * freq * (c + 1) * t) + 0.05 * rng.standard_normal(t.size)
+               for c in range(channels)]
+    data = np.stack(columns, axis=1).astype(np.float32)
+    return data[:, 0] if channels == 1 else data
+
+
+@pytest.fixture
+def write_audio(tmp_path):
+    """write_audio(name, seconds, rate=16000, channels=1) -> path of a FLAC file under tmp_path/audio."""
+
+    def write(name: str, seconds: float, rate: int = 16000, channels: int = 1, seed: int = 0) -> Path:
+        path = tmp_path / "audio" / name
+        path.parent.mkdir(exist_ok=True)
+        soundfile.write(path, sine(seconds, rate, channels, seed=seed), rate)
+        return path
+
+    return write
+
+
+def row(audio: str, text: str, duration: float = 1.0, **extra) -> dict:
+    """One manifest line as a dict."""
+    return {"audio_filepath": audio, "duration": duration, "text": text, **extra}
+
+
+@dataclass
+class Corpus:
+    """A tiny corpus under ``root``: audio/*.flac, train.jsonl and dev.jsonl with relative paths."""
+
+    root: Path
+    train_rows: list[dict] = field(default_factory=list)
+    dev_rows: list[dict] = field(default_factory=list)
+
+    @property
+    def train(self) -> Path:
+        return self.root / "train.jsonl"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev.jsonl"
+
+    row = staticmethod(row)
+
+    def manifest(self, name: str, lines: list[dict | str]) -> Path:
+        """Write ``root/name``: one JSON line per dict; strings as they are (to make malformed lines)."""
+        path = self.root / name
+        path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+        return path
+
+    def write(self, train_extra: tuple = (), dev_extra: tuple = ()) -> "Corpus":
+        """(Re)write train.jsonl and dev.jsonl, each followed by extra lines; returns self."""
+        self.manifest("train.jsonl", [*self.train_rows, *train_extra])
+        self.manifest("dev.jsonl", [*self.dev_rows, *dev_extra])
+        return self
+
+
+@pytest.fixture
+def corpus(tmp_path, write_audio) -> Corpus:
+    """Train: four 16 kHz mono files and one 16 kHz stereo file; dev: two 16 kHz files.
+
+    Also on disk but in no manifest: an 8 kHz file (eight_khz.flac), a 0.3 s file (short.flac),
+    a 3 s file (long.flac) and garbage bytes (broken.flac), for tests that add lines of their own.
+    """
+    train = [("a.flac", 1.0, 1), ("b.flac", 1.2, 1), ("c.flac", 0.9, 1), ("d.flac", 1.1, 1), ("stereo.flac", 1.0, 2)]
+    for seed, (name, seconds, channels) in enumerate(train):
+        write_audio(name, seconds, channels=channels, seed=seed)
+    for seed, name in enumerate(["dev1.flac", "dev2.flac"]):
+        write_audio(name, 1.0, seed=10 + seed)
+    write_audio("eight_khz.flac", 1.0, rate=8000)
+    write_audio("short.flac", 0.3)
+    write_audio("long.flac", 3.0)
+    (tmp_path / "audio" / "broken.flac").write_bytes(b"not audio" * 100)
+    return Corpus(
+        tmp_path,
+        train_rows=[row(f"audio/{name}", text, seconds) for (name, seconds, _), text in zip(train, TEXTS)],
+        dev_rows=[row("audio/dev1.flac", "four two one"), row("audio/dev2.flac", "call five")],
+    ).write()
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer() -> Tokenizer:
+    return Tokenizer.train(TEXTS, model_type="char")
+
+
+def make_model(sample_rate: int = 16000, subsampling: int = 4, checkpoint_every: int = 0, dropout: float = 0.0,
+               vocab_size: int = 12, seed: int = 0) -> CTCModel:
+    """A ~40k-parameter CTCModel (d_model 32, 2 layers, 4 heads), weights fixed by ``seed``."""
+    features = FeatureConfig.preset(sample_rate)
+    cfg = EncoderConfig(vocab_size=vocab_size, n_feats=features.n_feats, d_model=32, n_heads=4, n_layers=2,
+                        ff_mult=2, dropout=dropout, subsampling=subsampling)
+    torch.manual_seed(seed)
+    return CTCModel(features, cfg, checkpoint_every=checkpoint_every)
+
+
+@pytest.fixture
+def tiny_model():
+    """tiny_model(**kwargs) -> make_model(**kwargs); see make_model for the arguments."""
+    return make_model
+
+
+@pytest.fixture
+def waveforms():
+    """waveforms(seconds..., rate=16000) -> (padded (B, n) float32 batch, lengths (B,)) of random noise."""
+
+    def make(*seconds: float, rate: int = 16000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        audio = [torch.randn(int(s * rate), generator=generator) * 0.1 for s in seconds]
+        lengths = torch.tensor([len(a) for a in audio])
+        return torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths
+
+    return make
+
+
+@pytest.fixture
+def info_messages(monkeypatch) -> list[str]:
+    """The messages asr.manifest logs with rank_zero_info during the test (Lightning's logger does not propagate)."""
+    messages: list[str] = []
+    monkeypatch.setattr("asr.manifest.rank_zero_info", lambda message, *args, **kwargs: messages.append(message))
+    return messages

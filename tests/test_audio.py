@@ -1,0 +1,137 @@
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from asr.audio import AudioError, FeatureConfig, FeatureExtractor, SpecAugment, load_audio, resample
+
+
+def features(sample_rate: int, kind: str = "auto") -> FeatureExtractor:
+    return FeatureExtractor(FeatureConfig.preset(sample_rate, kind))
+
+
+def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
+    path = write_audio("stereo.flac", 0.5, rate=8000, channels=2)
+    both, _ = soundfile.read(path, dtype="float32")  # (n, 2)
+    samples, rate = load_audio(path)
+    assert rate == 8000
+    assert samples.dtype == np.float32 and samples.shape == (both.shape[0],)
+    np.testing.assert_allclose(samples, both.mean(axis=1), atol=1e-6)
+
+
+def test_load_audio_offset_and_duration_read_that_slice(write_audio):
+    path = write_audio("a.flac", 1.0)
+    full, _ = load_audio(path)
+    part, rate = load_audio(path, offset=0.25, duration=0.5)
+    np.testing.assert_array_equal(part, full[int(0.25 * rate) : int(0.75 * rate)])
+
+
+def test_load_audio_without_duration_reads_from_offset_to_the_end(write_audio):
+    path = write_audio("a.flac", 1.0)
+    full, rate = load_audio(path)
+    np.testing.assert_array_equal(load_audio(path, offset=0.5)[0], full[int(0.5 * rate) :])
+
+
+@pytest.mark.parametrize("content", [b"this is not a flac file" * 40, b""], ids=["garbage", "empty"])
+def test_unusable_audio_raises_audio_error_naming_the_file(tmp_path, content):
+    path = tmp_path / "broken.flac"
+    path.write_bytes(content)
+    with pytest.raises(AudioError, match="broken.flac"):
+        load_audio(path)
+
+
+def test_offset_past_the_end_raises_audio_error_naming_the_file(write_audio):
+    path = write_audio("a.flac", 0.5)
+    with pytest.raises(AudioError, match="a.flac"):
+        load_audio(path, offset=2.0)
+
+
+@pytest.mark.parametrize("from_rate, to_rate", [(16000, 8000), (8000, 16000)])
+def test_resample_changes_length_by_the_rate_ratio(from_rate, to_rate):
+    out = resample(torch.randn(2, from_rate), from_rate, to_rate)
+    assert out.shape == (2, to_rate)
+
+
+def test_resample_keeps_a_tone_at_its_frequency():
+    t = torch.arange(16000) / 16000
+    out = resample(torch.sin(2 * torch.pi * 440 * t), 16000, 8000)
+    assert torch.fft.rfft(out).abs().argmax() == 440  # 1 s of audio: bin k is k Hz
+
+
+def test_8khz_preset_gives_81_bins_and_1600_frames_for_16_seconds():
+    feats, lengths = features(8000)(torch.randn(1, 16 * 8000), torch.tensor([16 * 8000]))
+    assert feats.shape == (1, 1600, 81)
+    assert lengths.tolist() == [1600]
+
+
+def test_16khz_preset_is_80_mel_bins():
+    feats, lengths = features(16000)(torch.randn(1, 16000), torch.tensor([16000]))
+    assert feats.shape == (1, 100, 80) and lengths.tolist() == [100]
+
+
+def test_16khz_linear_gives_161_bins():
+    feats, _ = features(16000, "linear")(torch.randn(1, 16000), torch.tensor([16000]))
+    assert feats.shape[-1] == 161
+
+
+def test_unknown_feature_kind_is_refused():
+    with pytest.raises(ValueError, match="'mfcc'"):
+        FeatureConfig.preset(16000, "mfcc")
+
+
+@pytest.mark.parametrize("sample_rate", [8000, 16000])
+def test_padding_in_a_batch_does_not_change_an_utterances_features(sample_rate, waveforms):
+    audio, lengths = waveforms(1.0, 0.63, rate=sample_rate)
+    extractor = features(sample_rate)
+    batch, frames = extractor(audio, lengths)
+    alone, alone_frames = extractor(audio[1:, : lengths[1]], lengths[1:])
+    assert frames[1] == alone_frames[0] == alone.shape[1]
+    torch.testing.assert_close(batch[1, : frames[1]], alone[0], atol=1e-4, rtol=1e-4)
+    assert batch[1, frames[1] :].abs().max() == 0
+
+
+def test_features_ignore_whatever_lies_beyond_the_length(waveforms):
+    audio, lengths = waveforms(1.0, 0.6)
+    noisy = audio.clone()
+    noisy[1, lengths[1] :] = 1.0  # a collate that padded with something other than zeros
+    extractor = features(16000)
+    torch.testing.assert_close(extractor(noisy, lengths)[0], extractor(audio, lengths)[0])
+
+
+def test_features_are_normalised_per_bin_over_valid_frames(waveforms):
+    audio, lengths = waveforms(1.0, 0.55)
+    feats, frames = features(16000)(audio, lengths)
+    valid = feats[1, : frames[1]]  # (T, F)
+    torch.testing.assert_close(valid.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
+    torch.testing.assert_close(valid.std(0, unbiased=False), torch.ones(80), atol=1e-2, rtol=0)
+
+
+def test_features_stay_fp32_under_bf16_autocast(waveforms):
+    audio, lengths = waveforms(1.0, 0.5)
+    extractor = features(16000)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        feats, _ = extractor(audio, lengths)
+    assert feats.dtype == torch.float32
+    torch.testing.assert_close(feats, extractor(audio, lengths)[0])
+
+
+def test_spec_augment_is_identity_in_eval_mode():
+    feats = torch.randn(3, 200, 80)
+    assert torch.equal(SpecAugment().eval()(feats), feats)
+
+
+def test_spec_augment_masks_with_zeros_in_training():
+    torch.manual_seed(0)
+    feats = torch.randn(3, 200, 80)
+    masked = SpecAugment().train()(feats)
+    assert masked.shape == feats.shape
+    zeroed = masked == 0
+    assert zeroed.any()
+    assert torch.equal(masked[~zeroed], feats[~zeroed])  # what is not masked is untouched
+
+
+def test_spec_augment_draws_different_masks_for_each_utterance():
+    torch.manual_seed(0)
+    masked = SpecAugment().train()(torch.randn(4, 200, 80))
+    zeroed = masked == 0
+    assert any(not torch.equal(zeroed[0], zeroed[i]) for i in range(1, 4))

@@ -1,0 +1,258 @@
+import random
+import re
+from types import SimpleNamespace
+
+import pytest
+import soundfile
+import torch
+
+from asr.data import ASRDataModule, Batch, BucketBatchSampler, ResumableLoader
+from asr.manifest import ManifestError
+
+
+def random_durations(n: int = 2000, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.uniform(1.0, 10.0) for _ in range(n)]
+
+
+def epoch(sampler: BucketBatchSampler, number: int) -> list[list[int]]:
+    sampler.set_epoch(number)
+    return list(sampler)
+
+
+def padded_seconds(batch: list[int], durations: list[float]) -> float:
+    return max(durations[i] for i in batch) * len(batch)
+
+
+# BucketBatchSampler
+
+
+def test_every_index_appears_exactly_once_per_epoch():
+    durations = random_durations(500)
+    sampler = BucketBatchSampler(durations, 60.0, seed=1)
+    for number in range(3):
+        assert sorted(i for batch in epoch(sampler, number) for i in batch) == list(range(500))
+
+
+def test_no_batch_exceeds_max_batch_seconds_unless_it_holds_one_utterance():
+    durations = random_durations(500) + [75.0, 61.0]  # two longer than a whole batch
+    batches = list(BucketBatchSampler(durations, 60.0))
+    assert all(padded_seconds(b, durations) <= 60.0 for b in batches if len(b) > 1)
+    assert [500] in batches and [501] in batches
+
+
+def test_order_changes_with_the_epoch_and_is_deterministic_for_seed_and_epoch():
+    durations = random_durations(500)
+    first, second = BucketBatchSampler(durations, 60.0, seed=3), BucketBatchSampler(durations, 60.0, seed=3)
+    assert epoch(first, 1) != epoch(first, 2)
+    assert epoch(second, 2) == epoch(first, 2)
+    assert epoch(second, 1) == epoch(first, 1)
+    assert epoch(BucketBatchSampler(durations, 60.0, seed=4), 1) != epoch(first, 1)
+
+
+def test_without_shuffle_batches_come_shortest_first_every_epoch():
+    durations = random_durations(300)
+    sampler = BucketBatchSampler(durations, 60.0, shuffle=False)
+    batches = epoch(sampler, 0)
+    assert [i for b in batches for i in b] == sorted(range(300), key=durations.__getitem__)
+    assert epoch(sampler, 5) == batches
+
+
+def test_two_replicas_get_equally_many_batches_and_together_cover_every_index():
+    durations = random_durations(501)
+    ranks = [BucketBatchSampler(durations, 60.0, seed=2, num_replicas=2, rank=r) for r in (0, 1)]
+    for number in range(3):
+        batches = [epoch(sampler, number) for sampler in ranks]
+        assert len(batches[0]) == len(batches[1]) == len(ranks[0]) == len(ranks[1])
+        assert {i for b in batches[0] + batches[1] for i in b} == set(range(501))
+
+
+@pytest.mark.parametrize("n", [501, 37, 3])
+def test_evaluation_replicas_get_equally_many_batches_and_see_each_index_once(n):
+    durations = random_durations(n)
+    ranks = [BucketBatchSampler(durations, 60.0, shuffle=False, num_replicas=2, rank=r) for r in (0, 1)]
+    batches = [list(sampler) for sampler in ranks]
+    assert len(batches[0]) == len(batches[1]) == len(ranks[0])
+    assert sorted(i for b in batches[0] + batches[1] for i in b) == list(range(n))
+
+
+def test_padding_is_under_3_percent_on_a_realistic_length_distribution():
+    durations = random_durations(2000)
+    sampler = BucketBatchSampler(durations, 60.0, seed=0)
+    for number in range(3):
+        padded = sum(padded_seconds(b, durations) for b in epoch(sampler, number))
+        assert 1 - sum(durations) / padded < 0.03
+
+
+def test_resume_skips_exactly_the_first_batches_once():
+    sampler = BucketBatchSampler(random_durations(500), 60.0, seed=5)
+    full = epoch(sampler, 4)
+    sampler.resume(4, 7)
+    sampler.set_epoch(4)  # Lightning sets the epoch again after restoring the loader's state
+    assert list(sampler) == full[7:]
+    assert list(sampler) == full  # the next pass is a whole epoch again
+
+
+class Indices(torch.utils.data.Dataset):
+    """dataset[[i, j]] -> [i, j], so a loader yields the sampler's batches."""
+
+    def __getitem__(self, indices: list[int]) -> list[int]:
+        return indices
+
+
+def resumable_loader(durations: list[float]) -> ResumableLoader:
+    sampler = BucketBatchSampler(durations, 60.0, seed=6)
+    return ResumableLoader(Indices(), sampler=sampler, batch_size=None, collate_fn=lambda batch: batch)
+
+
+def test_resumable_loader_state_restores_the_rest_of_the_epoch():
+    durations = random_durations(400)
+    loader = resumable_loader(durations)
+    loader.sampler.set_epoch(2)
+    full = list(loader)
+    iterator = iter(loader)
+    consumed = [next(iterator) for _ in range(5)]
+    fresh = resumable_loader(durations)
+    fresh.load_state_dict(loader.state_dict())  # carries the epoch too
+    assert consumed == full[:5]
+    assert list(fresh) == full[5:]
+
+
+# ASRDataModule
+
+
+def datamodule(corpus, **kwargs) -> ASRDataModule:
+    settings = {"train_manifest": str(corpus.train), "val_manifest": str(corpus.dev), "test_manifest": None,
+                "num_workers": 0, "max_batch_seconds": 3.0, "max_duration": 3.0, **kwargs}
+    return ASRDataModule(**settings)
+
+
+def test_setup_fit_builds_train_and_validation_sets(corpus):
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    assert sorted(dm.datasets) == ["train", "val"]
+    assert [u.text for u in dm.datasets["train"].utterances] == [r["text"] for r in corpus.train_rows]
+    assert len(dm.datasets["val"]) == len(corpus.dev_rows)
+
+
+def test_a_training_epoch_is_batches_with_consistent_lengths(corpus):
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    texts = []
+    for batch in dm.train_dataloader():
+        assert isinstance(batch, Batch)
+        assert batch.audio.dtype == torch.float32 and batch.audio.ndim == 2
+        assert len(batch.texts) == batch.audio.shape[0] == batch.tokens.shape[0] == len(batch.audio_lengths)
+        assert batch.audio.shape[1] == batch.audio_lengths.max() and batch.tokens.shape[1] == batch.token_lengths.max()
+        for i, text in enumerate(batch.texts):
+            assert batch.tokens[i, : batch.token_lengths[i]].tolist() == dm.tokenizer.encode(text)
+            assert batch.audio[i, batch.audio_lengths[i] :].abs().sum() == 0
+        texts += batch.texts
+    assert sorted(texts) == sorted(r["text"] for r in corpus.train_rows)
+
+
+def test_audio_is_mono_at_the_files_lengths_and_stereo_is_said_once(corpus, info_messages):
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    dataset = dm.datasets["train"]
+    batch = dataset[list(range(len(dataset)))]
+    assert batch.audio_lengths.tolist() == [soundfile.info(u.audio_filepath).frames for u in dataset.utterances]
+    stereo_notes = [m for m in info_messages if "mono" in m]
+    assert len(stereo_notes) == 1 and "1 of 5" in stereo_notes[0]
+
+
+def test_8khz_datamodule_resamples_16khz_files_to_half_the_length(corpus, info_messages):
+    dm = datamodule(corpus, sample_rate=8000)
+    dm.setup("fit")
+    dataset = dm.datasets["train"]
+    batch = dataset[list(range(len(dataset)))]
+    assert batch.audio_lengths.tolist() == [soundfile.info(u.audio_filepath).frames // 2 for u in dataset.utterances]
+    assert any("5 of 5 files are resampled to 8000 Hz" in m for m in info_messages)
+
+
+def test_16khz_datamodule_resamples_an_8khz_file_to_twice_the_length(corpus, info_messages):
+    corpus.write(train_extra=[corpus.row("audio/eight_khz.flac", "call nine")])
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    assert dm.datasets["train"].load(5).shape == (16000,)
+    assert any("1 of 6 files are resampled to 16000 Hz" in m for m in info_messages)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_validation_gives_every_rank_the_same_number_of_batches(corpus, world_size):
+    # Under FSDP every forward is a collective: a rank with an extra batch waits forever for the others.
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    per_rank = []
+    for rank in range(world_size):
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+        per_rank.append(list(dm.val_dataloader()))
+    assert len({len(batches) for batches in per_rank}) == 1
+    texts = {text for batches in per_rank for batch in batches for text in batch.texts}
+    assert sorted(texts) == sorted(r["text"] for r in corpus.dev_rows)
+
+
+def test_given_tokenizer_model_is_used_instead_of_training_one(corpus, char_tokenizer, tmp_path):
+    char_tokenizer.save(tmp_path / "given.model")
+    dm = datamodule(corpus, tokenizer_model=str(tmp_path / "given.model"))
+    assert dm.tokenizer.serialized == char_tokenizer.serialized
+
+
+def test_max_duration_above_max_batch_seconds_is_refused_naming_both_flags(corpus):
+    with pytest.raises(ValueError, match=r"data\.max_duration.*data\.max_batch_seconds"):
+        datamodule(corpus, max_duration=30.0, max_batch_seconds=20.0)
+
+
+# Each bad line: (manifest it goes in, the line, DataModule settings that make it bad)
+BAD_LINES = {
+    "missing audio file": ("train", {"audio_filepath": "audio/nowhere.flac", "duration": 1.0, "text": "call"}, {}),
+    "malformed json": ("train", '{"audio_filepath": "audio/a.flac", "duration": 1.0', {}),
+    "empty text": ("train", {"audio_filepath": "audio/a.flac", "duration": 1.0, "text": " "}, {}),
+    "unreadable audio": ("train", {"audio_filepath": "audio/broken.flac", "duration": 1.0, "text": "call"}, {}),
+    "untokenisable text": ("dev", {"audio_filepath": "audio/a.flac", "duration": 1.0, "text": "xyz"}, {}),
+    "too short for its transcript": (
+        "train", {"audio_filepath": "audio/short.flac", "duration": 0.3, "text": "call five two nine four"}, {}),
+    "wrong sample rate": (
+        "train", {"audio_filepath": "audio/eight_khz.flac", "duration": 1.0, "text": "call"}, {"resample": "error"}),
+    "duration out of bounds": (
+        "train", {"audio_filepath": "audio/long.flac", "duration": 3.0, "text": "call"}, {"max_duration": 2.0}),
+}
+
+
+def add_bad_line(corpus, kind: str) -> tuple[str, dict]:
+    """Append the bad line of ``kind`` to its manifest; returns its "FILE:LINE" and the DataModule settings."""
+    split, line, settings = BAD_LINES[kind]
+    if split == "train":
+        corpus.write(train_extra=[line])
+        return f"{corpus.train}:{len(corpus.train_rows) + 1}", settings
+    corpus.write(dev_extra=[line])
+    return f"{corpus.dev}:{len(corpus.dev_rows) + 1}", settings
+
+
+@pytest.mark.parametrize("kind", BAD_LINES)
+def test_a_bad_line_stops_setup_naming_file_and_line(corpus, kind):
+    source, settings = add_bad_line(corpus, kind)
+    dm = datamodule(corpus, **settings)
+    with pytest.raises(ManifestError, match=re.escape(f"{source}: {kind}")):
+        dm.setup("fit")
+
+
+@pytest.mark.parametrize("kind", BAD_LINES)
+def test_a_bad_line_is_dropped_and_the_rest_kept_with_skip(corpus, kind):
+    add_bad_line(corpus, kind)
+    _, _, settings = BAD_LINES[kind]
+    dm = datamodule(corpus, on_bad_line="skip", **settings)
+    with pytest.warns(UserWarning, match=f"skipped 1 of .*1 {kind}"):
+        dm.setup("fit")
+    assert [u.text for u in dm.datasets["train"].utterances] == [r["text"] for r in corpus.train_rows]
+    assert [u.text for u in dm.datasets["val"].utterances] == [r["text"] for r in corpus.dev_rows]
+
+
+def test_all_bad_lines_are_listed_together_in_line_order(corpus):
+    bad = [BAD_LINES[kind][1] for kind in ("too short for its transcript", "missing audio file", "empty text")]
+    corpus.write(train_extra=bad)
+    n = len(corpus.train_rows)
+    with pytest.raises(ManifestError, match="3 of 8 lines") as err:
+        datamodule(corpus).setup("fit")
+    listed = re.findall(re.escape(str(corpus.train)) + r":(\d+)", str(err.value))
+    assert listed == [str(n + 1), str(n + 2), str(n + 3)]

@@ -1,0 +1,142 @@
+"""End to end on the bundled corpus: python -m asr.fit trains, its run folder is complete,
+its checkpoint alone transcribes, and config mistakes are reported by name.
+
+One short fit (tiny model, a slice of data/mini) is shared by the tests of this module.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.fit import main
+from asr.transcribe import Transcriber
+
+REPO = Path(__file__).resolve().parents[1]
+MINI = REPO / "data" / "mini"
+TINY = ["--model.d_model", "64", "--model.n_heads", "2", "--model.n_layers", "2", "--model.warmup_steps", "20"]
+
+
+def fit(tmp: Path, *args: str):
+    """Run asr.fit into ``tmp`` quietly; returns the CLI object."""
+    return main([
+        "--trainer.logger.init_args.save_dir", str(tmp), "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", "--data.num_workers", "0", *TINY, *args,
+    ])
+
+
+def slice_manifest(src: Path, dst: Path, n: int) -> Path:
+    """The first n lines of a bundled manifest, with paths made absolute so it can live anywhere."""
+    lines = src.read_text().splitlines()[:n]
+    rows = [dict(json.loads(line), audio_filepath=str(src.parent / json.loads(line)["audio_filepath"])) for line in lines]
+    dst.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """An 8-epoch fit on 120 training utterances of data/mini; the run folder."""
+    tmp = tmp_path_factory.mktemp("fit")
+    train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 120)
+    dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 20)
+    cli = fit(tmp, "--trainer.max_epochs", "8", "--data.max_batch_seconds", "10", "--data.max_duration", "10",
+              "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", str(dev))
+    return Path(cli.trainer.log_dir)
+
+
+def epoch_losses(run_dir: Path) -> list[float]:
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
+
+
+def test_fit_leaves_a_complete_run_folder(run):
+    assert (run / "config.yaml").is_file() and (run / "metrics.csv").is_file()
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert len(list((run / "checkpoints").glob("epoch*.ckpt"))) == 1  # the best by val/wer
+
+
+def test_fit_lowers_the_training_loss(run):
+    losses = epoch_losses(run)
+    assert len(losses) == 8
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_checkpoint_carries_tokenizer_and_loads_without_pickled_code(run):
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert isinstance(checkpoint["tokenizer"], bytes)
+    assert checkpoint["hyper_parameters"]["d_model"] == 64
+
+
+def test_batched_and_one_at_a_time_transcription_agree(run):
+    transcriber = Transcriber.from_checkpoint(run / "checkpoints" / "last.ckpt")
+    files = sorted((MINI / "audio" / "test").glob("*.flac"))[:12]
+    batched = transcriber.transcribe(files)
+    alone = [transcriber.transcribe([f])[0] for f in files]
+    assert batched == alone
+    assert any(batched)  # eight epochs are enough to say something
+
+
+def test_checkpoint_alone_transcribes_from_another_folder(run, tmp_path):
+    """Only the .ckpt is copied out; the run folder and the repo's configs are not needed."""
+    ckpt = tmp_path / "model.ckpt"
+    shutil.copy(run / "checkpoints" / "last.ckpt", ckpt)
+    audio = tmp_path / "one.flac"
+    shutil.copy(MINI / "audio" / "test" / "000000.flac", audio)
+    result = subprocess.run([sys.executable, "-m", "asr.transcribe", "--checkpoint", str(ckpt), str(audio)],
+                            cwd=tmp_path, capture_output=True, text=True, check=True)
+    path, _, text = result.stdout.strip().partition("\t")
+    assert path == str(audio)
+    assert "real-time factor" in result.stderr
+
+
+def test_transcribing_a_manifest_reports_wer_and_cer(run, tmp_path):
+    manifest = slice_manifest(MINI / "test.jsonl", tmp_path / "test.jsonl", 10)
+    out = tmp_path / "hyps.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "asr.transcribe", "--checkpoint", str(run / "checkpoints" / "last.ckpt"),
+         str(manifest), "--output", str(out)], capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 10 and all("reference" in r and "text" in r for r in rows)
+    assert "WER" in result.stdout and "CER" in result.stdout
+
+
+def test_resuming_from_last_checkpoint_continues_the_run(run, tmp_path):
+    config = run / "config.yaml"
+    cli = main(["--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+                "--trainer.max_epochs", "9", "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])
+    assert cli.trainer.current_epoch == 9
+    assert cli.trainer.global_step > 0
+
+
+def test_8khz_run_resamples_the_16khz_corpus_and_transcribes(tmp_path, info_messages):
+    train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 30)
+    cli = fit(tmp_path, "--config", str(REPO / "configs" / "data" / "8khz.yaml"), "--trainer.max_epochs", "1",
+              "--data.train_manifest", str(train), "--data.val_manifest", str(train), "--test", "false")
+    assert cli.model.model.features.config.n_feats == 81
+    assert any("30 of 30 files are resampled to 8000 Hz" in m for m in info_messages)
+    transcriber = Transcriber.from_checkpoint(Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt")
+    assert transcriber.sample_rate == 8000
+    assert isinstance(transcriber.transcribe([MINI / "audio" / "test" / "000001.flac"])[0], str)
+
+
+def test_unknown_config_key_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model.d_modle", "64"])
+    assert exit_info.value.code != 0
+    assert "d_modle" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_linked_resolved_config(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--print_config", "--model.d_model", "96"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "d_model: 96" in printed and "train_manifest: data/mini/train.jsonl" in printed

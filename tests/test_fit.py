@@ -42,11 +42,11 @@ def slice_manifest(src: Path, dst: Path, n: int) -> Path:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """An 8-epoch fit on 120 training utterances of data/mini; the run folder."""
+    """A 10-epoch fit on 160 training utterances of data/mini; the run folder."""
     tmp = tmp_path_factory.mktemp("fit")
-    train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 120)
+    train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 160)
     dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 20)
-    cli = fit(tmp, "--trainer.max_epochs", "8", "--data.max_batch_seconds", "10", "--data.max_duration", "10",
+    cli = fit(tmp, "--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.max_duration", "8",
               "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", str(dev))
     return Path(cli.trainer.log_dir)
 
@@ -65,8 +65,8 @@ def test_fit_leaves_a_complete_run_folder(run):
 
 def test_fit_lowers_the_training_loss(run):
     losses = epoch_losses(run)
-    assert len(losses) == 8
-    assert losses[-1] < 0.8 * losses[0]
+    assert len(losses) == 10
+    assert losses[-1] < 0.7 * losses[0]
 
 
 def test_checkpoint_carries_tokenizer_and_loads_without_pickled_code(run):
@@ -81,7 +81,7 @@ def test_batched_and_one_at_a_time_transcription_agree(run):
     batched = transcriber.transcribe(files)
     alone = [transcriber.transcribe([f])[0] for f in files]
     assert batched == alone
-    assert any(batched)  # eight epochs are enough to say something
+    assert any(batched)  # ten epochs are enough to say something
 
 
 def test_checkpoint_alone_transcribes_from_another_folder(run, tmp_path):
@@ -111,8 +111,8 @@ def test_transcribing_a_manifest_reports_wer_and_cer(run, tmp_path):
 def test_resuming_from_last_checkpoint_continues_the_run(run, tmp_path):
     config = run / "config.yaml"
     cli = main(["--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
-                "--trainer.max_epochs", "9", "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])
-    assert cli.trainer.current_epoch == 9
+                "--trainer.max_epochs", "11", "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])
+    assert cli.trainer.current_epoch == 11
     assert cli.trainer.global_step > 0
 
 

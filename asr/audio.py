@@ -122,13 +122,14 @@ class FeatureExtractor(nn.Module):
             positions = torch.arange(audio.shape[1], device=audio.device)
             audio = audio * (positions[None, :] < lengths[:, None])  # zero whatever collate padded with
             audio = nn.functional.pad(audio, (0, cfg.win_length - cfg.hop_length))
+            # .float(): under bf16-true precision Lightning casts these buffers to bf16 too
             spec = torch.stft(
-                audio, n_fft=cfg.win_length, hop_length=cfg.hop_length, window=self.window,
+                audio, n_fft=cfg.win_length, hop_length=cfg.hop_length, window=self.window.float(),
                 center=False, return_complex=True,
             )  # (B, bins, T + 1)
             power = spec.abs().pow(2).transpose(1, 2)  # (B, T', bins)
             if self.fbanks is not None:
-                power = power @ self.fbanks  # (B, T', mels)
+                power = power @ self.fbanks.float()  # (B, T', mels)
             feats = torch.log(power + LOG_FLOOR)
             frame_lengths = num_frames(lengths, cfg.sample_rate)
             feats = feats[:, : int(frame_lengths.max())]  # (B, T, F)

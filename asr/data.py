@@ -77,7 +77,7 @@ class BucketBatchSampler(Sampler[list[int]]):
     [1 - jitter, 1 + jitter] from (seed, epoch), so neighbours and hence batches change
     between epochs while padding stays small, cut greedily into batches, and the batches
     shuffled. Every rank computes the same list and takes every ``num_replicas``-th batch
-    (see ``rank_batches``). ``shuffle=False`` keeps the sorted order (evaluation).
+    (see ``rank_batches``). ``shuffle=False`` keeps the sorted order (evaluation, or sorted training).
     """
 
     def __init__(self, durations: list[float], max_batch_seconds: float, shuffle: bool = True, seed: int = 0,
@@ -121,12 +121,11 @@ class BucketBatchSampler(Sampler[list[int]]):
     def rank_batches(self) -> list[list[int]]:
         """This rank's share of the epoch; every rank gets the same number of batches.
 
-        To reach a multiple of ``num_replicas``, training repeats its first batches; evaluation
-        (``shuffle=False``) splits its largest batches instead, so no utterance counts twice,
-        and repeats only when there are fewer utterances than ranks.
+        To reach a multiple of ``num_replicas`` the largest batches are split in two, so no
+        utterance is seen twice; batches repeat only when there are fewer utterances than ranks.
         """
         batches = self.global_batches()
-        while not self.shuffle and len(batches) % self.num_replicas and max(map(len, batches)) > 1:
+        while len(batches) % self.num_replicas and max(map(len, batches)) > 1:
             largest = max(range(len(batches)), key=lambda i: len(batches[i]))
             batch = batches.pop(largest)
             batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
@@ -178,6 +177,7 @@ class ASRDataModule(pl.LightningDataModule):
         tokenizer_vocab_size: int = 64,
         max_batch_seconds: float = 60.0,
         speed_perturb: list[float] = [1.0],
+        shuffle: bool = True,
         min_duration: float = 0.1,
         max_duration: float = 20.0,
         on_bad_line: Literal["error", "skip"] = "error",
@@ -197,8 +197,9 @@ class ASRDataModule(pl.LightningDataModule):
             tokenizer_vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
             max_batch_seconds: a batch holds at most this many seconds of padded audio (before speed_perturb).
             speed_perturb: training audio is played at a random one of these speeds, e.g. [0.9, 1.0, 1.1].
+            shuffle: new training batches in random order each epoch; false keeps them sorted by length.
             min_duration: utterances shorter than this (seconds) are bad lines.
-            max_duration: utterances longer than this (seconds) are bad lines.
+            max_duration: utterances longer than this (seconds), or than max_batch_seconds, are bad lines.
             on_bad_line: "error" stops before training and lists bad lines; "skip" drops and counts them.
             num_workers: DataLoader worker processes that read and resample audio.
             seed: seed of the batch order (with the epoch number).
@@ -207,8 +208,6 @@ class ASRDataModule(pl.LightningDataModule):
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
-        if max_duration > max_batch_seconds:
-            raise ValueError(f"data.max_duration ({max_duration}) must be <= data.max_batch_seconds ({max_batch_seconds})")
         self.save_hyperparameters()
         self.datasets: dict[str, ASRDataset] = {}
 
@@ -261,8 +260,9 @@ class ASRDataModule(pl.LightningDataModule):
     def check_utterance(self, utt: mf.Utterance, ids: list[int], fastest: float = 1.0) -> mf.Problem | None:
         """Duration bounds, text the tokenizer knows, and enough encoder frames for CTC at speed ``fastest``."""
         hp = self.hparams
-        if not hp.min_duration <= utt.duration <= hp.max_duration:
-            bounds = f"[data.min_duration, data.max_duration] = [{hp.min_duration}, {hp.max_duration}]"
+        longest = min(hp.max_duration, hp.max_batch_seconds)  # a longer one would not fit in a batch
+        if not hp.min_duration <= utt.duration <= longest:
+            bounds = f"[data.min_duration, min(data.max_duration, data.max_batch_seconds)] = [{hp.min_duration}, {longest}]"
             return mf.Problem(utt.source, "duration out of bounds", f"{utt.duration:.2f} s is outside {bounds}")
         if UNK_ID in ids:
             return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer lacks")
@@ -286,7 +286,7 @@ class ASRDataModule(pl.LightningDataModule):
                                num_workers=workers, persistent_workers=workers > 0)
 
     def train_dataloader(self) -> ResumableLoader:
-        return self.loader("train", shuffle=True)
+        return self.loader("train", shuffle=self.hparams.shuffle)
 
     def val_dataloader(self) -> ResumableLoader:
         return self.loader("val", shuffle=False)

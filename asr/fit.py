@@ -17,11 +17,15 @@ checkpoint is evaluated on ``data.test_manifest`` (``--test false`` skips that).
 from __future__ import annotations
 
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
+import torch
 from pytorch_lightning.cli import LightningCLI
 
+from asr.audio import AudioError
 from asr.data import ASRDataModule
+from asr.manifest import ManifestError
 from asr.module import ASRModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -36,9 +40,46 @@ class ASRCLI(LightningCLI):
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="checkpoint to resume training from")
         parser.add_argument("--test", type=bool, default=True, help="evaluate the best checkpoint on the test set")
 
+    def before_instantiate_classes(self) -> None:
+        check_hardware(self.config.trainer)
 
-def main(args: list[str] | None = None) -> ASRCLI:
-    """Parse ``args`` (default: the command line), fit, then test. Returns the CLI (its trainer, model, data)."""
+
+class ConfigError(ValueError):
+    """A run this machine cannot do; one sentence that names the setting."""
+
+
+def strategy_name(strategy) -> str:
+    """'ddp', 'deepspeed_stage_2', or the class path of a strategy given as class_path/init_args."""
+    return strategy if isinstance(strategy, str) else getattr(strategy, "class_path", type(strategy).__name__)
+
+
+def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = None) -> None:
+    """Refuse what Lightning would fail at deep inside, or silently change, with one clear sentence.
+
+    ``cuda`` and ``deepspeed`` default to what this machine has (tests pass them explicitly).
+    """
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    deepspeed = find_spec("deepspeed") is not None if deepspeed is None else deepspeed
+    on_gpu = cuda and str(trainer.accelerator) in ("auto", "gpu", "cuda")
+    precision, strategy = str(trainer.precision), strategy_name(trainer.strategy).lower()
+    if precision in ("16", "16-mixed", "16-true") and not on_gpu:
+        raise ConfigError(
+            f"trainer.precision={precision} needs a CUDA GPU: on a CPU Lightning would quietly train in bf16 "
+            "instead; ask for bf16-mixed (or 32-true)."
+        )
+    if "deepspeed" in strategy and not deepspeed:
+        raise ConfigError(f"trainer.strategy={strategy} needs DeepSpeed: pip install -e \".[deepspeed]\".")
+    if "deepspeed" in strategy and not on_gpu:
+        raise ConfigError(f"trainer.strategy={strategy} needs a CUDA GPU; on a CPU use configs/strategy/fsdp.yaml.")
+    if strategy.split(".")[-1] in ("fsdp", "fsdpstrategy") and not on_gpu:
+        raise ConfigError(
+            "Lightning's FSDPStrategy needs a CUDA GPU; configs/strategy/fsdp.yaml (FSDP2 under "
+            "ModelParallelStrategy) runs on a CPU too."
+        )
+
+
+def build(args: list[str] | None = None) -> ASRCLI:
+    """Parse ``args`` (default: the command line) over configs/default.yaml and build model, data and trainer."""
     if not DEFAULT_CONFIG.is_file():
         raise FileNotFoundError(f"{DEFAULT_CONFIG} is missing: install asr from a source checkout (pip install -e .)")
     # Read as a first --config rather than as parser default_config_files: jsonargparse drops
@@ -47,7 +88,7 @@ def main(args: list[str] | None = None) -> ASRCLI:
         sys.argv[1:] = ["--config", str(DEFAULT_CONFIG), *sys.argv[1:]]
     else:
         args = ["--config", str(DEFAULT_CONFIG), *args]
-    cli = ASRCLI(
+    return ASRCLI(
         ASRModule,
         ASRDataModule,
         run=False,
@@ -56,15 +97,23 @@ def main(args: list[str] | None = None) -> ASRCLI:
         trainer_defaults={"use_distributed_sampler": False},  # the bucket sampler splits batches across ranks itself
         save_config_kwargs={"overwrite": True},
     )
+
+
+def main(args: list[str] | None = None) -> ASRCLI:
+    """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data)."""
+    cli = build(args)
     trainer = cli.trainer
     trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
-    checkpoint = trainer.checkpoint_callback
-    if checkpoint is not None:
-        trainer.print(f"best checkpoint: {checkpoint.best_model_path}\nlast checkpoint: {checkpoint.last_model_path}")
+    for callback in trainer.checkpoint_callbacks:  # with the default config: the best, then the last
+        trainer.print(f"{'best' if callback.monitor else 'last'} checkpoint: {callback.best_model_path}")
     if cli.config.test and cli.datamodule.hparams.test_manifest:
-        trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best" if checkpoint else None, weights_only=True)
+        best = trainer.checkpoint_callback and trainer.checkpoint_callback.monitor
+        trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best" if best else None, weights_only=True)
     return cli
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, ManifestError, AudioError) as err:  # the user's to fix: the message, no traceback
+        sys.exit(f"asr.fit: error: {err}")

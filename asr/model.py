@@ -35,6 +35,7 @@ class EncoderConfig:
     ff_mult: int = 4  # feed-forward width = ff_mult * d_model
     dropout: float = 0.1
     subsampling: int = 4  # 4 or 8: feature frames per encoder frame
+    attention_window: int = 0  # > 0: a frame attends only to frames at most this many encoder frames away
 
 
 def subsampled_lengths(frames: torch.Tensor | int, factor: int) -> torch.Tensor | int:
@@ -82,6 +83,19 @@ def sinusoids(length: int, channels: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
+def attention_mask(lengths: torch.Tensor, frames: int, window: int = 0) -> torch.Tensor:
+    """True where a query frame may attend to a key frame: keys inside the utterance, and with
+    ``window`` > 0 only keys at most ``window`` frames away. (B, 1, 1, T') or (B, 1, T', T')."""
+    positions = torch.arange(frames, device=lengths.device)
+    mask = (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T')
+    if window > 0:
+        near = (positions[:, None] - positions[None, :]).abs() <= window  # (T', T')
+        # A padded query far past the end would see no key at all, and SDPA would give NaN,
+        # which then leaks through zero attention weights (0 * NaN); let each frame see itself.
+        mask = (mask & near[None, None]) | torch.eye(frames, dtype=torch.bool, device=lengths.device)
+    return mask
+
+
 class Block(nn.Module):
     """Pre-LN Transformer block: x + attn(LN(x)), then x + ff(LN(x))."""
 
@@ -101,7 +115,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x (B, T', d); mask (B, 1, 1, T') True where a key is a real frame."""
+        """x (B, T', d); mask (B, 1, 1 or T', T') True where a query may attend to a key."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(
@@ -114,8 +128,8 @@ class Block(nn.Module):
 class CTCModel(nn.Module):
     """Waveforms in, CTC log-probabilities out. The feature front end is part of the model.
 
-    ``checkpoint_every=k`` recomputes every k-th block's activations in the backward pass
-    (non-reentrant activation checkpointing); 0 turns it off.
+    ``checkpoint_every=k`` recomputes every k-th block's activations, and the subsampling
+    convolutions', in the backward pass (non-reentrant activation checkpointing); 0 turns it off.
     """
 
     def __init__(self, features: FeatureConfig, cfg: EncoderConfig, spec_augment: SpecAugment | None = None,
@@ -136,9 +150,14 @@ class CTCModel(nn.Module):
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, n) and lengths (B,) in samples -> log-probs (B, T', V) in fp32 and lengths (B,)."""
         feats, frames = self.features(audio, lengths)  # (B, T, F), fp32
-        x, lengths = self.subsampling(self.spec_augment(feats), frames)  # (B, T', d)
+        feats = feats.to(self.head.weight.dtype)  # bf16 when the weights are (bf16-true); autocast does the rest
+        feats = self.spec_augment(feats)
+        if self.training and self.checkpoint_every:  # its conv maps are the largest activations of all
+            x, lengths = checkpoint(self.subsampling, feats, frames, use_reentrant=False)  # (B, T', d)
+        else:
+            x, lengths = self.subsampling(feats, frames)  # (B, T', d)
         x = x + sinusoids(x.shape[1], x.shape[2]).to(x.device, x.dtype)
-        mask = (torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None])[:, None, None, :]
+        mask = attention_mask(lengths, x.shape[1], self.cfg.attention_window)  # (B, 1, 1 or T', T')
         for i, block in enumerate(self.blocks):
             if self.training and self.checkpoint_every and i % self.checkpoint_every == 0:
                 x = checkpoint(block, x, mask, use_reentrant=False)

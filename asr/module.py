@@ -39,8 +39,14 @@ class ASRModule(pl.LightningModule):
         ff_mult: int = 4,
         dropout: float = 0.1,
         subsampling: int = 4,
+        attention_window: int = 0,
         spec_augment: bool = True,
+        freq_masks: int = 2,
+        freq_width: int = 15,
+        time_masks: int = 2,
+        time_width: float = 0.05,
         checkpoint_every: int = 0,
+        compile: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         warmup_steps: int = 300,
         min_lr_ratio: float = 0.05,
@@ -56,8 +62,14 @@ class ASRModule(pl.LightningModule):
             ff_mult: feed-forward width as a multiple of d_model.
             dropout: dropout in attention and feed-forward.
             subsampling: feature frames per encoder frame, 4 or 8.
-            spec_augment: frequency and time masking during training.
+            attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
+            spec_augment: frequency and time masking (SpecAugment) during training.
+            freq_masks: SpecAugment frequency masks per utterance.
+            freq_width: widest frequency mask, in feature bins.
+            time_masks: SpecAugment time masks per utterance.
+            time_width: widest time mask, as a fraction of the batch's frames.
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
+            compile: torch.compile each Transformer block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
             warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
             min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step.
@@ -71,8 +83,9 @@ class ASRModule(pl.LightningModule):
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, subsampling=subsampling,
+            attention_window=attention_window,
         )
-        augment = SpecAugment() if spec_augment else None
+        augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
         self.errors: dict[str, torch.Tensor] = {}
         self.train_loss: torch.Tensor | None = None  # (sum of batch losses, batches) this epoch, on device
@@ -92,6 +105,36 @@ class ASRModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokenizer"] = self.tokenizer.serialized
 
+    def configure_model(self) -> None:
+        """FSDP2 under ModelParallelStrategy: shard each Transformer block, then the rest; then compile.
+
+        Lightning's device mesh is (data_parallel, tensor_parallel) = (nodes, devices per node)
+        with sizes "auto". fully_shard on this 2-D mesh replicates across its first dimension and
+        shards across its second (HSDP): parameters are gathered over the fast links inside a
+        node, and only gradients cross nodes. On one node that is plain FSDP.
+        """
+        if getattr(self, "_configured", False):  # Lightning calls this again for test after fit
+            return
+        self._configured = True
+        if self.device_mesh is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in self.model.blocks:
+                fully_shard(block, mesh=self.device_mesh)
+            fully_shard(self.model, mesh=self.device_mesh)
+        if self.hparams.compile:
+            for block in self.model.blocks:
+                block.compile()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip with torch's own functions, which also handle FSDP2's sharded (DTensor) gradients."""
+        if not gradient_clip_val:
+            return
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(audio, lengths)
 
@@ -102,12 +145,21 @@ class ASRModule(pl.LightningModule):
     def _shared_step(self, batch: Batch, stage: str) -> torch.Tensor:
         log_probs, lengths = self.model(batch.audio, batch.audio_lengths)  # (B, T', V) fp32
         loss = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths)
-        self.log(f"{stage}/loss", loss, batch_size=len(batch.texts), prog_bar=True, on_epoch=True,
-                 sync_dist=stage != "train")
+        if stage == "train" and self.trainer.world_size > 1:
+            loss = loss * self.global_token_scale(batch.token_lengths)
+        # sync_dist: under DDP/FSDP the logged loss is the global batch's, not rank 0's share
+        self.log(f"{stage}/loss", loss, batch_size=len(batch.texts), prog_bar=True, on_epoch=True, sync_dist=True)
         if stage != "train":
             hypotheses = [self.tokenizer.decode(ids) for ids in greedy(log_probs, lengths)]
             self.errors[stage] = self.errors.get(stage, 0) + error_counts(batch.texts, hypotheses).to(self.device)
         return loss
+
+    def global_token_scale(self, token_lengths: torch.Tensor) -> torch.Tensor:
+        """world_size * local tokens / global tokens: with it, the ranks' averaged gradients equal
+        the gradient of the global batch's per-token loss, as one process would compute it."""
+        local = token_lengths.sum().to(self.device, torch.float32)
+        total = self.trainer.strategy.reduce(local.clone(), reduce_op="sum")
+        return self.trainer.world_size * local / total
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss = self._shared_step(batch, "train")

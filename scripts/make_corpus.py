@@ -65,10 +65,10 @@ DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 DIRECTIONS = ("left", "right", "up", "down", "back")
 SINGLE = ("erase", "repeat", "stop", "start", "yes", "no", "help", "rubout", "cancel",
           "enter", "back", "number", "call", "dial")
-MINI_DEFAULTS = {"train": 430, "dev": 60, "test": 100}
+COMMANDS = tuple(sorted(set(SINGLE + DIRECTIONS + ("go",))))
+MINI_DEFAULTS = {"train": 270, "dev": 60, "test": 100}
 # Share of distinct sentences each split may own: a partition, so splits stay disjoint.
 MINI_PARTITION = {"train": 0.7, "dev": 0.12, "test": 0.18}
-TRAIN_CANDIDATES = 4
 
 
 # One planned utterance: text is the transcript (what espeak-ng says), speaker an
@@ -121,6 +121,8 @@ def mini_sentence(rng):
             ([rng.choice(SINGLE)], ["call"] + digits(3, 5), ["go", rng.choice(DIRECTIONS)]))),
         (3, lambda: [rng.choice(("stop", "start", "cancel", "help"))]
          + rng.choice((["call"], ["number"], [rng.choice(("yes", "no"))]))),
+        # Command words are few beside the digits: phrases of them keep each one frequent.
+        (12, lambda: rng.sample(COMMANDS, rng.randint(2, 4)) + rng.choice(([], digits(1, 2)))),
     ]
     weights = [w for w, _ in templates]
     words = rng.choices([t for _, t in templates], weights)[0]()
@@ -135,29 +137,30 @@ def owner_split(text, seed, partition):
     return next((s for s, b in zip(SPLITS, bounds) if u < b), SPLITS[-1])
 
 
-def owned_sentence(rng, seed, split):
-    while True:
-        words = mini_sentence(rng)
-        if owner_split(" ".join(words), seed, MINI_PARTITION) == split:
-            return words
+def distinct_sentences(rng, seed, split, count):
+    """``count`` different sentences that the partition gives to ``split`` (no test set of 12 "help"s)."""
+    chosen = {}
+    for _ in range(1000 * max(count, 1)):
+        if len(chosen) == count:
+            return list(chosen)
+        text = " ".join(mini_sentence(rng))
+        if owner_split(text, seed, MINI_PARTITION) == split:
+            chosen.setdefault(text, None)
+    die(f"could not draw {count} distinct {split} sentences; ask for fewer.")
 
 
 def draw_mini(rng, counts, seed):
-    """Sentences per split; a sentence may repeat within a split, never across.
+    """Distinct sentences per split, all from the same templates; no sentence is in two splits.
 
-    Train takes, of TRAIN_CANDIDATES drawn sentences, the one whose words it has
-    heard least: the size cap allows few utterances, and plain sampling would
-    leave rare command words (e.g. "help") absent from train but present in test.
+    Every split draws from one distribution, so train holds sentences as long as test's
+    (a model that never saw 7-digit numbers in training stops early on them). Every word
+    of dev and test must occur in train, else the draw is refused.
     """
-    drawn = {}
-    for split in SPLITS:
-        heard, drawn[split] = collections.Counter(), []
-        while len(drawn[split]) < counts[split]:
-            candidates = [owned_sentence(rng, seed, split)
-                          for _ in range(TRAIN_CANDIDATES if split == "train" else 1)]
-            words = max(candidates, key=lambda ws: sum(1 / (1 + heard[w]) for w in ws) / len(ws))
-            heard.update(words)
-            drawn[split].append(" ".join(words))
+    drawn = {split: distinct_sentences(rng, seed, split, counts[split]) for split in SPLITS}
+    heard = {word for text in drawn["train"] for word in text.split()}
+    unheard = sorted({w for split in ("dev", "test") for text in drawn[split] for w in text.split()} - heard)
+    if unheard:
+        die(f"dev/test use words train never has ({', '.join(unheard)}): raise --train or change --seed.")
     return drawn
 
 
@@ -349,8 +352,8 @@ No transcript occurs in two splits.
 
 MINI_DESCRIPTION = """A small-vocabulary command domain in the spirit of TIDIGITS and AN4:
 digits (zero..nine, oh) and {n} command words ("call five two nine", "go left",
-"erase three"), in sentences of 1-8 words ({v} words in all). Train sentences favour
-the words train has heard least, so every word is in train. Spelled letters are left
+"erase three"), in sentences of 1-8 words ({v} words in all). All splits draw from the same templates, and every
+word of dev and test occurs in train. Spelled letters are left
 out: espeak's letter names (the b/d/e/p/t/v "e-set") cannot be learned from the few
 minutes of audio that fit. Sized to stay under 10 MB: 16 kHz FLAC of espeak speech
 costs about 16 kB per second of speech."""

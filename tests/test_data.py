@@ -198,9 +198,12 @@ def test_given_tokenizer_model_is_used_instead_of_training_one(corpus, char_toke
     assert dm.tokenizer.serialized == char_tokenizer.serialized
 
 
-def test_max_duration_above_max_batch_seconds_is_refused_naming_both_flags(corpus):
-    with pytest.raises(ValueError, match=r"data\.max_duration.*data\.max_batch_seconds"):
-        datamodule(corpus, max_duration=30.0, max_batch_seconds=20.0)
+def test_an_utterance_longer_than_a_batch_is_a_bad_line_naming_both_flags(corpus):
+    _, line, _ = BAD_LINES["duration out of bounds"]
+    corpus.write(train_extra=[line])
+    dm = datamodule(corpus, max_duration=30.0, max_batch_seconds=2.0)
+    with pytest.raises(ManifestError, match=r"data\.max_duration, data\.max_batch_seconds"):
+        dm.setup("fit")
 
 
 # Each bad line: (manifest it goes in, the line, DataModule settings that make it bad)

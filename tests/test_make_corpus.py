@@ -34,7 +34,7 @@ def manifest(folder: Path, split: str) -> list[dict]:
 
 
 def test_mini_corpus_is_byte_identical_for_a_seed_and_splits_are_disjoint(tmp_path):
-    sizes = ["--train", "6", "--dev", "3", "--test", "3"]
+    sizes = ["--train", "40", "--dev", "3", "--test", "3"]  # 40: enough for train to hold every dev/test word
     for name in ("a", "b"):
         assert make("mini", "--out", str(tmp_path / name), *sizes).returncode == 0
     assert digest(tmp_path / "a") == digest(tmp_path / "b")
@@ -59,7 +59,12 @@ def test_text_mode_speaks_8khz_and_reports_unusable_lines(tmp_path):
 
 
 def test_refuses_to_mix_with_an_existing_corpus(tmp_path):
-    sizes = ["--train", "2", "--dev", "1", "--test", "1"]
+    sizes = ["--train", "40", "--dev", "3", "--test", "3"]
     assert make("mini", "--out", str(tmp_path), *sizes).returncode == 0
     again = make("mini", "--out", str(tmp_path), *sizes)
     assert again.returncode != 0 and "--overwrite" in again.stderr
+
+
+def test_a_draw_whose_train_split_misses_a_test_word_is_refused(tmp_path):
+    result = make("mini", "--out", str(tmp_path), "--train", "2", "--dev", "1", "--test", "3")
+    assert result.returncode != 0 and "train never has" in result.stderr

@@ -41,9 +41,9 @@ def test_log_probs_are_fp32_distributions_per_frame(tiny_model, waveforms, autoc
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(log_probs.shape[:2]))
 
 
-@pytest.mark.parametrize("subsampling", [4, 8])
-def test_an_utterance_gives_the_same_output_batched_and_alone(tiny_model, waveforms, subsampling):
-    model = tiny_model(subsampling=subsampling).eval()
+@pytest.mark.parametrize("subsampling, window", [(4, 0), (8, 0), (4, 3)])
+def test_an_utterance_gives_the_same_output_batched_and_alone(tiny_model, waveforms, subsampling, window):
+    model = tiny_model(subsampling=subsampling, attention_window=window).eval()
     audio, lengths = waveforms(1.5, 0.8, 1.1)
     with torch.no_grad():
         batch, out_lengths = model(audio, lengths)
@@ -117,3 +117,12 @@ def test_encoder_feature_count_must_match_the_front_end():
 def test_negative_checkpoint_every_is_refused():
     with pytest.raises(ValueError, match="model.checkpoint_every"):
         CTCModel(FeatureConfig.preset(16000), encoder(), checkpoint_every=-1)
+
+
+def test_attention_window_limits_what_a_frame_sees():
+    from asr.model import attention_mask
+
+    mask = attention_mask(torch.tensor([5, 3]), 5, window=1)[:, 0]  # (B, T', T')
+    assert mask[0, 2].tolist() == [False, True, True, True, False]
+    assert mask[1, 2].tolist() == [False, True, True, False, False]  # frames 3, 4 are padding
+    assert mask[1, 4].tolist() == [False, False, False, False, True]  # padding sees only itself: no NaN

@@ -1,0 +1,78 @@
+"""ASRModule: loss and metrics arithmetic, the lr schedule, checkpoint round trip, bf16 and compile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr.module import ASRModule, WarmupCosine, ctc_loss, error_counts
+
+
+def module(tokenizer, **kwargs) -> ASRModule:
+    torch.manual_seed(0)
+    settings = dict(d_model=32, n_heads=4, n_layers=2, dropout=0.0, spec_augment=False) | kwargs
+    return ASRModule(tokenizer=tokenizer, **settings)
+
+
+def test_ctc_loss_is_the_per_token_mean_over_the_batch():
+    torch.manual_seed(0)
+    log_probs = torch.randn(2, 20, 6).log_softmax(-1)
+    lengths, tokens, token_lengths = torch.tensor([20, 15]), torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([3, 2])
+    summed = F.ctc_loss(log_probs.transpose(0, 1), tokens, lengths, token_lengths, reduction="sum")
+    assert ctc_loss(log_probs, lengths, tokens, token_lengths).item() == pytest.approx(summed.item() / 5)
+
+
+def test_error_counts_add_up_word_and_character_edits():
+    counts = error_counts(["call five two", "go left"], ["call fife two", "go"]).tolist()
+    assert counts[:2] == [2, 5]  # one substitution, one deletion, of 5 reference words
+    assert counts[2:] == [1 + 5, 13 + 7]  # v->f; " left" deleted; reference characters incl. spaces
+
+
+def test_schedule_warms_up_linearly_then_follows_a_cosine_to_the_floor():
+    schedule = WarmupCosine(warmup=10, total=110, floor=0.1)
+    assert schedule(0) == pytest.approx(0.1) and schedule(9) == pytest.approx(1.0)
+    assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert schedule(110) == pytest.approx(0.1) and schedule(500) == pytest.approx(0.1)
+
+
+def test_module_without_tokenizer_is_refused_with_the_link_named():
+    with pytest.raises(ValueError, match="data.tokenizer"):
+        ASRModule()
+
+
+def test_checkpoint_round_trip_gives_the_same_transcripts(char_tokenizer, waveforms, tmp_path):
+    original = module(char_tokenizer).eval()
+    checkpoint = {"state_dict": original.state_dict(), "hyper_parameters": dict(original.hparams),
+                  "tokenizer": char_tokenizer.serialized}
+    torch.save(checkpoint, tmp_path / "m.ckpt")
+    loaded = ASRModule.from_checkpoint(tmp_path / "m.ckpt")
+    audio, lengths = waveforms(1.0, 0.7)
+    assert loaded.transcribe_batch(audio, lengths) == original.transcribe_batch(audio, lengths)
+    torch.testing.assert_close(loaded(audio, lengths)[0], original(audio, lengths)[0])
+
+
+def test_checkpoint_without_tokenizer_is_refused(char_tokenizer, tmp_path):
+    torch.save({"state_dict": {}, "hyper_parameters": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="no tokenizer"):
+        ASRModule.from_checkpoint(tmp_path / "other.ckpt")
+
+
+def test_under_bf16_autocast_the_loss_and_log_probs_stay_fp32(char_tokenizer, waveforms):
+    model = module(char_tokenizer)
+    audio, lengths = waveforms(1.0, 0.8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        log_probs, out_lengths = model(audio, lengths)
+        loss = ctc_loss(log_probs, out_lengths, torch.tensor([[2, 3], [4, 0]]), torch.tensor([2, 1]))
+    assert log_probs.dtype == torch.float32 and loss.dtype == torch.float32
+    assert torch.isfinite(loss)
+
+
+def test_compiled_blocks_compute_what_eager_blocks_compute(char_tokenizer, waveforms):
+    eager, compiled = module(char_tokenizer).eval(), module(char_tokenizer, compile=True).eval()
+    compiled.configure_model()
+    audio, lengths = waveforms(0.6, 0.5)
+    torch.testing.assert_close(compiled(audio, lengths)[0], eager(audio, lengths)[0], atol=1e-4, rtol=1e-4)
+    assert set(compiled.state_dict()) == set(eager.state_dict())  # checkpoints stay interchangeable

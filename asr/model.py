@@ -36,6 +36,7 @@ class EncoderConfig:
     dropout: float = 0.1
     subsampling: int = 4  # 4 or 8: feature frames per encoder frame
     attention_window: int = 0  # > 0: a frame attends only to frames at most this many encoder frames away
+    conv_channels: int = 0  # channels of the subsampling convolutions; 0 = d_model
 
 
 def subsampled_lengths(frames: torch.Tensor | int, factor: int) -> torch.Tensor | int:
@@ -54,16 +55,17 @@ class Conv2dSubsampling(nn.Module):
     Without padding an output frame only sees input frames inside the utterance.
     """
 
-    def __init__(self, n_feats: int, d_model: int, factor: int):
+    def __init__(self, n_feats: int, d_model: int, factor: int, conv_channels: int = 0):
         super().__init__()
         if factor not in (4, 8):
             raise ValueError(f"model.subsampling must be 4 or 8, got {factor}")
+        width = conv_channels or d_model  # the first map is (B, width, T/2, F/2): the step's largest tensor
         layers, channels, freq = [], 1, n_feats
         for _ in range(int(math.log2(factor))):
-            layers += [nn.Conv2d(channels, d_model, kernel_size=3, stride=2), nn.ReLU()]
-            channels, freq = d_model, (freq - 1) // 2
+            layers += [nn.Conv2d(channels, width, kernel_size=3, stride=2), nn.ReLU()]
+            channels, freq = width, (freq - 1) // 2
         self.conv = nn.Sequential(*layers)
-        self.out = nn.Linear(d_model * freq, d_model)
+        self.out = nn.Linear(width * freq, d_model)
         self.factor = factor
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +144,7 @@ class CTCModel(nn.Module):
         self.cfg, self.checkpoint_every = cfg, checkpoint_every
         self.features = FeatureExtractor(features)
         self.spec_augment = spec_augment or nn.Identity()
-        self.subsampling = Conv2dSubsampling(cfg.n_feats, cfg.d_model, cfg.subsampling)
+        self.subsampling = Conv2dSubsampling(cfg.n_feats, cfg.d_model, cfg.subsampling, cfg.conv_channels)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)

@@ -40,6 +40,7 @@ class ASRModule(pl.LightningModule):
         dropout: float = 0.1,
         subsampling: int = 4,
         attention_window: int = 0,
+        conv_channels: int = 0,
         spec_augment: bool = True,
         freq_masks: int = 2,
         freq_width: int = 15,
@@ -63,6 +64,7 @@ class ASRModule(pl.LightningModule):
             dropout: dropout in attention and feed-forward.
             subsampling: feature frames per encoder frame, 4 or 8.
             attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
+            conv_channels: channels of the subsampling convolutions; 0 = d_model.
             spec_augment: frequency and time masking (SpecAugment) during training.
             freq_masks: SpecAugment frequency masks per utterance.
             freq_width: widest frequency mask, in feature bins.
@@ -83,7 +85,7 @@ class ASRModule(pl.LightningModule):
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, subsampling=subsampling,
-            attention_window=attention_window,
+            attention_window=attention_window, conv_channels=conv_channels,
         )
         augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)

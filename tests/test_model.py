@@ -126,3 +126,18 @@ def test_attention_window_limits_what_a_frame_sees():
     assert mask[0, 2].tolist() == [False, True, True, True, False]
     assert mask[1, 2].tolist() == [False, True, True, False, False]  # frames 3, 4 are padding
     assert mask[1, 4].tolist() == [False, False, False, False, True]  # padding sees only itself: no NaN
+
+
+def test_conv_channels_narrow_the_subsampling_maps_but_not_the_model_width(waveforms):
+    from asr.audio import FeatureConfig
+    from asr.model import CTCModel, EncoderConfig
+
+    features = FeatureConfig.preset(16000)
+    cfg = EncoderConfig(vocab_size=12, n_feats=80, d_model=32, n_heads=4, n_layers=1, conv_channels=8)
+    model = CTCModel(features, cfg).eval()
+    assert [m.out_channels for m in model.subsampling.conv if hasattr(m, "out_channels")] == [8, 8]
+    audio, lengths = waveforms(1.0, 0.6)
+    log_probs, out_lengths = model(audio, lengths)
+    assert log_probs.shape == (2, int(out_lengths.max()), 12)
+    alone, _ = model(audio[1:, : lengths[1]], lengths[1:])
+    torch.testing.assert_close(log_probs[1, : out_lengths[1]], alone[0], atol=1e-4, rtol=1e-4)

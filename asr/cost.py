@@ -84,12 +84,13 @@ def forward_flops(model: CTCModel, frames: torch.Tensor) -> torch.Tensor:
     """
     cfg, t = model.cfg, frames.long()
     d, freq, channels = cfg.d_model, cfg.n_feats, 1
+    width = cfg.conv_channels or d  # the subsampling convolutions' channels
     flops = torch.zeros_like(t)
     for _ in range(int(math.log2(cfg.subsampling))):  # stride-2 3x3 convolutions, no padding
         t, freq = ((t - 1) // 2).clamp(min=0), (freq - 1) // 2
-        flops = flops + 2 * t * freq * d * channels * 3 * 3  # output positions x (in channels x kernel)
-        channels = d
-    flops = flops + 2 * t * (d * freq) * d  # (B, T', d * F') -> (B, T', d)
+        flops = flops + 2 * t * freq * width * channels * 3 * 3  # output positions x (in channels x kernel)
+        channels = width
+    flops = flops + 2 * t * (width * freq) * d  # (B, T', width * F') -> (B, T', d)
     linears = 3 * d * d + d * d + 2 * cfg.ff_mult * d * d  # qkv, proj, two feed-forward layers
     per_block = 2 * t * linears + 2 * 2 * t * t * d  # attention: q k^T and weights @ v
     return flops + cfg.n_layers * per_block + 2 * t * d * cfg.vocab_size

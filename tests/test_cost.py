@@ -20,9 +20,10 @@ from asr.module import ASRModule
 from asr.tokenizer import Tokenizer
 
 
-def tiny(sample_rate: int = 16000) -> CTCModel:
+def tiny(sample_rate: int = 16000, conv_channels: int = 0) -> CTCModel:
     features = FeatureConfig.preset(sample_rate)
-    cfg = EncoderConfig(vocab_size=5, n_feats=features.n_feats, d_model=8, n_heads=2, n_layers=2, ff_mult=2)
+    cfg = EncoderConfig(vocab_size=5, n_feats=features.n_feats, d_model=8, n_heads=2, n_layers=2, ff_mult=2,
+                        conv_channels=conv_channels)
     return CTCModel(features, cfg).eval()
 
 
@@ -39,8 +40,9 @@ def test_forward_flops_match_a_hand_count():
     assert flops.tolist() == [50544 + 87552 + 9728 + 9216 + 320, 11232]
 
 
-def test_forward_flops_agree_with_torch_flop_counter_on_a_padded_batch():
-    model = tiny(8000)  # linear features: the front end has no matrix product for the counter to add
+@pytest.mark.parametrize("conv_channels", [0, 3])
+def test_forward_flops_agree_with_torch_flop_counter_on_a_padded_batch(conv_channels):
+    model = tiny(8000, conv_channels)  # linear features: the front end has no matrix product for the counter to add
     lengths = torch.tensor([8000, 5000])  # 100 and 62 feature frames
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # math SDPA: countable bmm
         model(torch.randn(2, 8000), lengths)

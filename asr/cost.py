@@ -40,7 +40,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from asr.audio import num_frames
 from asr.data import Batch
-from asr.model import CTCModel
+from asr.model import CTCModel, min_frames
 
 PEAK_CACHE = Path.home() / ".cache" / "asr" / "peak_flops.json"  # measured CPU peaks, reused across runs
 TRAIN_FLOPS_PER_FORWARD = 3  # forward + backward, which costs twice the forward (grads of inputs and weights)
@@ -104,7 +104,7 @@ def batch_counts(batch: Batch, model: CTCModel, dtype: torch.dtype = torch.float
     """
     lengths = batch.audio_lengths
     frames = num_frames(lengths, model.features.config.sample_rate)
-    executed = frames.max().clamp(min=2 * model.cfg.subsampling - 1)
+    executed = frames.max().clamp(min=min_frames(model.cfg.subsampling))
     flops = forward_flops(model, torch.cat([frames, executed.view(1)]))  # one pass: utterances, then padded
     return torch.stack([
         lengths.sum(), lengths.new_full((), batch.audio.numel()), lengths.new_full((), len(batch.texts)),

@@ -39,6 +39,11 @@ class EncoderConfig:
     conv_channels: int = 0  # channels of the subsampling convolutions; 0 = d_model
 
 
+def min_frames(factor: int) -> int:
+    """Feature frames the subsampling convolutions need for one encoder frame: 7 at x4, 15 at x8."""
+    return 2 * factor - 1
+
+
 def subsampled_lengths(frames: torch.Tensor | int, factor: int) -> torch.Tensor | int:
     """Encoder frames T' for ``frames`` feature frames T: each stride-2, kernel-3 conv maps L -> (L - 1) // 2.
 
@@ -70,7 +75,7 @@ class Conv2dSubsampling(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # A batch shorter than the convolutions' reach still gives one (masked) frame, not an error.
-        x = F.pad(x, (0, 0, 0, max(0, 2 * self.factor - 1 - x.shape[1])))
+        x = F.pad(x, (0, 0, 0, max(0, min_frames(self.factor) - x.shape[1])))
         x = self.conv(x.unsqueeze(1))  # (B, C, T', F')
         b, c, t, f = x.shape
         x = self.out(x.transpose(1, 2).reshape(b, t, c * f))  # (B, T', d)

@@ -1,6 +1,6 @@
 """Measure the memory and speed levers on this machine and print ratios (no pass/fail).
 
-    python scripts/bench_scaling.py                          # small and base presets, ~5 minutes on 2 cores
+    python scripts/bench_scaling.py                          # small and base presets, 3 min 13 s on 2 cores
     python scripts/bench_scaling.py --presets tiny --steps 2 --batch_seconds 16   # a quick look
 
 For each model preset (configs/model/<preset>.yaml) one training step is forward, CTC loss,

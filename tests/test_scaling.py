@@ -5,6 +5,7 @@ resume under another strategy; impossible combinations are refused in one senten
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -58,8 +59,6 @@ def fit(out: Path, manifest: Path, *args: str) -> Path:
 
 
 def step_losses(run: Path) -> list[float]:
-    import csv
-
     with open(run / "metrics.csv") as f:
         return [float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")]
 

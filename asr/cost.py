@@ -79,7 +79,7 @@ def forward_flops(model: CTCModel, frames: torch.Tensor) -> torch.Tensor:
     """Forward-pass FLOPs (2 per multiply-add) of each utterance alone: (B,) int64 for (B,) feature frames T.
 
     Counts the matrix products: subsampling convolutions and projection, each block's qkv,
-    output projection, feed-forward and attention (scores and weighted sum, 2 * 2 * T'^2 * d),
+    output projection, feed-forward and attention (scores and weighted sum, 2 * 2 * T' * keys * d),
     and the CTC head. Left out: the feature front end, norms, activations, softmax (all small).
     """
     cfg, t = model.cfg, frames.long()
@@ -92,7 +92,10 @@ def forward_flops(model: CTCModel, frames: torch.Tensor) -> torch.Tensor:
         channels = width
     flops = flops + 2 * t * (width * freq) * d  # (B, T', width * F') -> (B, T', d)
     linears = 3 * d * d + d * d + 2 * cfg.ff_mult * d * d  # qkv, proj, two feed-forward layers
-    per_block = 2 * t * linears + 2 * 2 * t * t * d  # attention: q k^T and weights @ v
+    # a frame attends to T' keys, or with attention_window w to at most 2w + 1: FLOPs the model needs,
+    # though the attention kernel still computes every score and masks the rest away
+    keys = t.clamp(max=2 * cfg.attention_window + 1) if cfg.attention_window else t
+    per_block = 2 * t * linears + 2 * 2 * t * keys * d  # attention: q k^T and weights @ v
     return flops + cfg.n_layers * per_block + 2 * t * d * cfg.vocab_size
 
 

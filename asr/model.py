@@ -12,6 +12,7 @@ Size presets (tiny ~1M ... xl ~500M parameters) are YAML files in ``configs/mode
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -21,6 +22,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from asr.audio import FeatureConfig, FeatureExtractor, SpecAugment, num_frames
+
+LOCAL_BLOCK = 32  # query frames per block of local attention (attention_window > 0)
+# Up to this many encoder frames (10 s at x4) local attention is computed on the whole T' x T'
+# mask: measured on this CPU, blocks pay off only above ~250 frames (at 480: half the time).
+LOCAL_DENSE_FRAMES = 256
 
 
 @dataclass
@@ -33,7 +39,8 @@ class EncoderConfig:
     n_heads: int = 4
     n_layers: int = 4
     ff_mult: int = 4  # feed-forward width = ff_mult * d_model
-    dropout: float = 0.1
+    dropout: float = 0.1  # on each residual branch and inside the feed-forward
+    attention_dropout: float = 0.0  # on the attention weights; > 0 leaves the fused attention kernel
     subsampling: int = 4  # 4 or 8: feature frames per encoder frame
     attention_window: int = 0  # > 0: a frame attends only to frames at most this many encoder frames away
     conv_channels: int = 0  # channels of the subsampling convolutions; 0 = d_model
@@ -82,6 +89,20 @@ class Conv2dSubsampling(nn.Module):
         return x, subsampled_lengths(lengths, self.factor)
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout with masks drawn 4 at a time from 64-bit random integers (p rounded to 1/65536).
+
+    On CPU, ``F.dropout`` draws one float per element (``bernoulli_``, single-threaded): it took
+    a quarter of a training step, and activation checkpointing draws every mask again.
+    """
+    if not training or p == 0.0:
+        return x
+    n = x.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
+    keep = bits.view(torch.int16)[:n].view(x.shape) >= round(p * 65536) - 32768  # P(keep) = 1 - p
+    return torch.where(keep, x, 0.0) * (1.0 / (1.0 - p))
+
+
 def sinusoids(length: int, channels: int) -> torch.Tensor:
     """(length, channels) absolute sinusoidal position codes (whisper's form)."""
     log_timescale = math.log(10000) / (channels // 2 - 1)
@@ -91,16 +112,41 @@ def sinusoids(length: int, channels: int) -> torch.Tensor:
 
 
 def attention_mask(lengths: torch.Tensor, frames: int, window: int = 0) -> torch.Tensor:
-    """True where a query frame may attend to a key frame: keys inside the utterance, and with
-    ``window`` > 0 only keys at most ``window`` frames away. (B, 1, 1, T') or (B, 1, T', T')."""
+    """True where a query frame may attend to a key frame: keys inside the utterance and, with
+    ``window`` > 0, at most ``window`` frames away.
+
+    Global attention: a key-padding mask (B, 1, 1, T'). Local attention over up to
+    LOCAL_DENSE_FRAMES frames (and always under torch.export): (B, 1, T', T'). Longer: a mask
+    per block of LOCAL_BLOCK query frames against the keys they can reach, (B, blocks, 1,
+    LOCAL_BLOCK, LOCAL_BLOCK + 2 window), so Block.attention computes blocks x LOCAL_BLOCK x
+    (LOCAL_BLOCK + 2w) scores instead of T'^2.
+    """
     positions = torch.arange(frames, device=lengths.device)
-    mask = (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T')
-    if window > 0:
-        near = (positions[:, None] - positions[None, :]).abs() <= window  # (T', T')
-        # A padded query far past the end would see no key at all, and SDPA would give NaN,
-        # which then leaks through zero attention weights (0 * NaN); let each frame see itself.
-        mask = (mask & near[None, None]) | torch.eye(frames, dtype=torch.bool, device=lengths.device)
-    return mask
+    if window == 0:
+        return (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T')
+    # torch.export: one graph for every length, and blocks would tie it to its example's count of them
+    dense = torch.compiler.is_exporting() or frames <= LOCAL_DENSE_FRAMES
+    if dense:
+        queries, keys = positions[None, :], positions[None, :]  # one block of all frames: (1, T')
+    else:
+        blocks = -(-frames // LOCAL_BLOCK)
+        queries = torch.arange(blocks * LOCAL_BLOCK, device=lengths.device).view(blocks, LOCAL_BLOCK)
+        keys = queries[:, :1] - window + torch.arange(LOCAL_BLOCK + 2 * window, device=lengths.device)  # (blocks, span)
+    near = (queries[:, :, None] - keys[:, None, :]).abs() <= window  # (blocks, queries, span)
+    inside = (keys >= 0) & (keys[None] < lengths[:, None, None])  # (B, blocks, span)
+    # A padded query far past the end would see no key at all, and SDPA would give NaN,
+    # which then leaks through zero attention weights (0 * NaN); let each frame see itself.
+    mask = (near & inside[:, :, None, :]) | (queries[:, :, None] == keys[:, None, :])
+    return mask if dense else mask[:, :, None]  # (B, 1, T', T') or (B, blocks, 1, LOCAL_BLOCK, span)
+
+
+def local_blocks(x: torch.Tensor, blocks: int, span: int) -> torch.Tensor:
+    """(B, H, T', dh) keys or values -> (B * blocks, H, span, dh): block i holds frames
+    [i * LOCAL_BLOCK - w, i * LOCAL_BLOCK + LOCAL_BLOCK + w), zero outside the utterance."""
+    b, h, t, dh = x.shape
+    window = (span - LOCAL_BLOCK) // 2
+    x = F.pad(x, (0, 0, window, blocks * LOCAL_BLOCK - t + window)).unfold(2, span, LOCAL_BLOCK)  # (B, H, n, dh, span)
+    return x.permute(0, 2, 1, 4, 3).reshape(b * blocks, h, span, dh)
 
 
 class Block(nn.Module):
@@ -110,26 +156,44 @@ class Block(nn.Module):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"model.d_model ({cfg.d_model}) must be divisible by model.n_heads ({cfg.n_heads})")
-        self.n_heads, self.dropout = cfg.n_heads, cfg.dropout
+        self.n_heads, self.dropout, self.attention_dropout = cfg.n_heads, cfg.dropout, cfg.attention_dropout
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ff_norm = nn.LayerNorm(cfg.d_model)
-        self.ff = nn.Sequential(
-            nn.Linear(cfg.d_model, cfg.ff_mult * cfg.d_model), nn.GELU(), nn.Dropout(cfg.dropout),
-            nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model),
-        )
-        self.drop = nn.Dropout(cfg.dropout)
+        self.ff_in = nn.Linear(cfg.d_model, cfg.ff_mult * cfg.d_model)
+        self.ff_out = nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x (B, T', d); mask (B, 1, 1 or T', T') True where a query may attend to a key."""
+        """x (B, T', d); mask from attention_mask, True where a query may attend to a key."""
         b, t, d = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, T', d/H)
-        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
-        return x + self.drop(self.ff(self.ff_norm(x)))
+        qkv = self.qkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, d // self.n_heads)
+        y = self.attention(qkv.permute(2, 0, 3, 1, 4), mask)  # (B, H, T', d/H)
+        y = self.proj(y.transpose(1, 2).reshape(b, t, d).to(qkv.dtype))
+        x = x + dropout(y, self.dropout, self.training)
+        y = dropout(F.gelu(self.ff_in(self.ff_norm(x))), self.dropout, self.training)  # (B, T', ff_mult * d)
+        return x + dropout(self.ff_out(y), self.dropout, self.training)
+
+    def attention(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """qkv (3, B, H, T', d/H) and a mask of attention_mask -> (B, H, T', d/H).
+
+        On CPU in fp32 whatever the precision: there the attention kernel's backward ran 2x
+        slower in bf16 than in fp32.
+        """
+        cpu = qkv.device.type == "cpu"
+        with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+            q, k, v = qkv.float() if cpu else qkv
+            p = self.attention_dropout if self.training else 0.0
+            if mask.dim() == 4:  # global attention, or local over few frames
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            b, h, t, dh = q.shape
+            blocks, span = mask.shape[1], mask.shape[-1]  # local attention: per block of LOCAL_BLOCK queries
+            q = F.pad(q, (0, 0, 0, blocks * LOCAL_BLOCK - t)).reshape(b, h, blocks, LOCAL_BLOCK, dh)
+            q = q.transpose(1, 2).reshape(b * blocks, h, LOCAL_BLOCK, dh)
+            y = F.scaled_dot_product_attention(q, local_blocks(k, blocks, span), local_blocks(v, blocks, span),
+                                               attn_mask=mask.flatten(0, 1), dropout_p=p)  # (B * blocks, H, ., dh)
+            y = y.view(b, blocks, h, LOCAL_BLOCK, dh).transpose(1, 2).reshape(b, h, blocks * LOCAL_BLOCK, dh)
+            return y[:, :, :t]
 
 
 class CTCModel(nn.Module):
@@ -164,7 +228,7 @@ class CTCModel(nn.Module):
         else:
             x, lengths = self.subsampling(feats, frames)  # (B, T', d)
         x = x + sinusoids(x.shape[1], x.shape[2]).to(x.device, x.dtype)
-        mask = attention_mask(lengths, x.shape[1], self.cfg.attention_window)  # (B, 1, 1 or T', T')
+        mask = attention_mask(lengths, x.shape[1], self.cfg.attention_window)
         for i, block in enumerate(self.blocks):
             if self.training and self.checkpoint_every and i % self.checkpoint_every == 0:
                 x = checkpoint(block, x, mask, use_reentrant=False)

@@ -38,6 +38,7 @@ class ASRModule(pl.LightningModule):
         n_layers: int = 4,
         ff_mult: int = 4,
         dropout: float = 0.1,
+        attention_dropout: float = 0.0,
         subsampling: int = 4,
         attention_window: int = 0,
         conv_channels: int = 0,
@@ -61,7 +62,8 @@ class ASRModule(pl.LightningModule):
             n_heads: attention heads; must divide d_model.
             n_layers: Transformer blocks.
             ff_mult: feed-forward width as a multiple of d_model.
-            dropout: dropout in attention and feed-forward.
+            dropout: dropout on each block's residual branches and inside its feed-forward.
+            attention_dropout: dropout on the attention weights (0 keeps the fused attention kernel).
             subsampling: feature frames per encoder frame, 4 or 8.
             attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
             conv_channels: channels of the subsampling convolutions; 0 = d_model.
@@ -84,8 +86,8 @@ class ASRModule(pl.LightningModule):
         feature_config = FeatureConfig.preset(sample_rate, features)
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
-            n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, subsampling=subsampling,
-            attention_window=attention_window, conv_channels=conv_channels,
+            n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,
+            subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
         )
         augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)

@@ -20,10 +20,10 @@ from asr.module import ASRModule
 from asr.tokenizer import Tokenizer
 
 
-def tiny(sample_rate: int = 16000, conv_channels: int = 0) -> CTCModel:
+def tiny(sample_rate: int = 16000, conv_channels: int = 0, attention_window: int = 0) -> CTCModel:
     features = FeatureConfig.preset(sample_rate)
     cfg = EncoderConfig(vocab_size=5, n_feats=features.n_feats, d_model=8, n_heads=2, n_layers=2, ff_mult=2,
-                        conv_channels=conv_channels)
+                        conv_channels=conv_channels, attention_window=attention_window)
     return CTCModel(features, cfg).eval()
 
 
@@ -38,6 +38,13 @@ def test_forward_flops_match_a_hand_count():
     # 6 frames: conv1 keeps time (6-1)//2 = 2 -> 2*2*39*8*9 = 11232; conv2 leaves (2-1)//2 = 0 frames.
     flops = cost.forward_flops(tiny(), torch.tensor([20, 6]))
     assert flops.tolist() == [50544 + 87552 + 9728 + 9216 + 320, 11232]
+
+
+def test_windowed_attention_counts_only_the_keys_a_frame_may_see():
+    # window 1: a frame of the T' = 4 above sees at most 3 keys, so a block's attention is
+    # 2*2*4*3*8 = 384 FLOPs, not 512; two blocks count 256 fewer
+    flops = cost.forward_flops(tiny(attention_window=1), torch.tensor([20]))
+    assert flops.tolist() == [50544 + 87552 + 9728 + 9216 - 256 + 320]
 
 
 @pytest.mark.parametrize("conv_channels", [0, 3])

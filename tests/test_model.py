@@ -3,7 +3,7 @@ import torch
 
 from asr.audio import FeatureConfig, num_frames
 from asr.decoding import greedy
-from asr.model import CTCModel, EncoderConfig, subsampled_lengths
+from asr.model import CTCModel, EncoderConfig, dropout, subsampled_lengths
 from asr.module import ctc_loss
 
 
@@ -82,12 +82,17 @@ def count_block_calls(model: CTCModel) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.1])  # the recomputed forward must draw the same dropout masks
 @pytest.mark.parametrize("every, expected_calls", [(1, [2, 2]), (2, [2, 1])])
-def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(tiny_model, waveforms, every, expected_calls):
+def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(tiny_model, waveforms, every, expected_calls,
+                                                                      dropout):
     audio, lengths = waveforms(1.0, 0.7)
-    reference_loss, reference_grads = loss_and_gradients(tiny_model().train(), audio, lengths)
-    model = tiny_model(checkpoint_every=every).train()
+    reference = tiny_model(dropout=dropout).train()
+    torch.manual_seed(1)
+    reference_loss, reference_grads = loss_and_gradients(reference, audio, lengths)
+    model = tiny_model(checkpoint_every=every, dropout=dropout).train()
     calls = count_block_calls(model)
+    torch.manual_seed(1)
     loss, grads = loss_and_gradients(model, audio, lengths)
     assert calls == expected_calls  # checkpointed blocks run again in the backward pass
     torch.testing.assert_close(loss, reference_loss)
@@ -119,13 +124,59 @@ def test_negative_checkpoint_every_is_refused():
         CTCModel(FeatureConfig.preset(16000), encoder(), checkpoint_every=-1)
 
 
-def test_attention_window_limits_what_a_frame_sees():
+def dense_window_mask(lengths: torch.Tensor, frames: int, window: int) -> torch.Tensor:
+    """(B, T', T') the plain way: keys inside the utterance and at most ``window`` away, and each frame itself."""
+    positions = torch.arange(frames)
+    near = (positions[:, None] - positions[None, :]).abs() <= window
+    return (near[None] & (positions < lengths[:, None])[:, None, :]) | torch.eye(frames, dtype=torch.bool)
+
+
+def as_dense(mask: torch.Tensor, frames: int, window: int) -> torch.Tensor:
+    """attention_mask's local mask, (B, 1, T', T') or per block (B, blocks, 1, LOCAL_BLOCK, span) -> (B, T', T')."""
+    from asr.model import LOCAL_BLOCK
+
+    if mask.dim() == 4:
+        return mask[:, 0]
+    dense = torch.zeros(mask.shape[0], frames, frames, dtype=torch.bool)
+    for q in range(frames):
+        block, row = divmod(q, LOCAL_BLOCK)
+        for column in range(mask.shape[-1]):
+            key = block * LOCAL_BLOCK - window + column
+            if 0 <= key < frames:
+                dense[:, q, key] = mask[:, block, 0, row, column]
+    return dense
+
+
+@pytest.mark.parametrize("dense_up_to", [256, 0])  # the whole T' x T' mask, or per block of queries
+def test_attention_window_limits_what_a_frame_sees(monkeypatch, dense_up_to):
     from asr.model import attention_mask
 
-    mask = attention_mask(torch.tensor([5, 3]), 5, window=1)[:, 0]  # (B, T', T')
+    monkeypatch.setattr("asr.model.LOCAL_DENSE_FRAMES", dense_up_to)
+    mask = as_dense(attention_mask(torch.tensor([5, 3]), 5, window=1), 5, window=1)  # (B, T', T')
     assert mask[0, 2].tolist() == [False, True, True, True, False]
     assert mask[1, 2].tolist() == [False, True, True, False, False]  # frames 3, 4 are padding
     assert mask[1, 4].tolist() == [False, False, False, False, True]  # padding sees only itself: no NaN
+    lengths = torch.tensor([70, 33, 1])  # across blocks of LOCAL_BLOCK queries
+    assert torch.equal(as_dense(attention_mask(lengths, 70, window=4), 70, 4), dense_window_mask(lengths, 70, 4))
+
+
+@pytest.mark.parametrize("frames, window, dense_up_to", [(5, 1, 0), (32, 4, 0), (33, 4, 0), (90, 16, 0), (300, 4, 256),
+                                                         (100, 4, 256)])
+def test_local_attention_in_blocks_equals_attention_under_the_dense_window_mask(monkeypatch, frames, window,
+                                                                                dense_up_to):
+    from asr.model import Block, attention_mask
+
+    monkeypatch.setattr("asr.model.LOCAL_DENSE_FRAMES", dense_up_to)
+    block = Block(encoder(attention_window=window)).eval()
+    lengths = torch.tensor([frames, max(1, frames // 2), max(1, frames - 7)])
+    qkv = torch.randn(3, 3, 4, frames, 8, requires_grad=True)  # (3, B, H, T', d/H)
+    got = block.attention(qkv, attention_mask(lengths, frames, window))
+    dense = dense_window_mask(lengths, frames, window)[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(*qkv, attn_mask=dense)
+    torch.testing.assert_close(got, want)
+    (grad_got,) = torch.autograd.grad(got.square().sum(), qkv)
+    (grad_want,) = torch.autograd.grad(want.square().sum(), qkv)
+    torch.testing.assert_close(grad_got, grad_want)
 
 
 def test_conv_channels_narrow_the_subsampling_maps_but_not_the_model_width(waveforms):
@@ -141,3 +192,23 @@ def test_conv_channels_narrow_the_subsampling_maps_but_not_the_model_width(wavef
     assert log_probs.shape == (2, int(out_lengths.max()), 12)
     alone, _ = model(audio[1:, : lengths[1]], lengths[1:])
     torch.testing.assert_close(log_probs[1, : out_lengths[1]], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def test_dropout_zeroes_a_share_p_of_elements_and_keeps_the_mean():
+    torch.manual_seed(0)
+    x = torch.ones(200_000, requires_grad=True)
+    y = dropout(x, 0.3, training=True)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.3) < 0.005  # 200k draws: the standard error is 0.001
+    assert abs(y.mean().item() - 1.0) < 0.01
+    y.sum().backward()
+    assert torch.equal(x.grad == 0, y == 0)  # gradients flow through the kept elements only
+    assert torch.equal(dropout(x, 0.3, training=False), x) and torch.equal(dropout(x, 0.0, training=True), x)
+
+
+def test_dropout_masks_differ_between_calls_and_repeat_under_the_same_seed():
+    x = torch.ones(4096)
+    torch.manual_seed(0)
+    first, second = dropout(x, 0.5, True), dropout(x, 0.5, True)
+    torch.manual_seed(0)
+    assert not torch.equal(first, second) and torch.equal(dropout(x, 0.5, True), first)

@@ -22,6 +22,7 @@ import sentencepiece as spm
 
 BLANK_ID = 0  # CTC blank: the first output class of every model
 UNK_ID = 1  # sentencepiece's unknown piece: text that encodes to it cannot be learned
+WORD_START = "\u2581"  # '▁': sentencepiece's mark on the first piece of a word
 MODEL_TYPES = ("char", "unigram", "bpe")
 
 

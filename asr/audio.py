@@ -132,7 +132,8 @@ class FeatureExtractor(nn.Module):
                 power = power @ self.fbanks.float()  # (B, T', mels)
             feats = torch.log(power + LOG_FLOOR)
             frame_lengths = num_frames(lengths, cfg.sample_rate)
-            feats = feats[:, : int(frame_lengths.max())]  # (B, T, F)
+            if not torch.compiler.is_exporting():  # a tensor's value: torch.export (asr.export) cannot keep it
+                feats = feats[:, : int(frame_lengths.max())]  # (B, T, F); wider only if padded past the longest
             return normalise(feats, frame_lengths), frame_lengths
 
 

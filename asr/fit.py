@@ -78,6 +78,17 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
         )
 
 
+def check_resumable(path: str | None) -> None:
+    """Refuse a --ckpt_path that holds weights only (asr.average's output): Lightning's own error blames save_weights_only."""
+    if path is None or Path(path).is_dir():  # a sharded folder is Lightning's to read
+        return
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if "optimizer_states" not in checkpoint:
+        made_by = " (an average of checkpoints, by asr.average)" if "averaged_from" in checkpoint else ""
+        raise ConfigError(f"--ckpt_path {path} holds model weights only{made_by}, no optimizer or loop state: "
+                          "it transcribes, but cannot resume training.")
+
+
 def build(args: list[str] | None = None) -> ASRCLI:
     """Parse ``args`` (default: the command line) over configs/default.yaml and build model, data and trainer."""
     if not DEFAULT_CONFIG.is_file():
@@ -102,6 +113,7 @@ def build(args: list[str] | None = None) -> ASRCLI:
 def main(args: list[str] | None = None) -> ASRCLI:
     """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data)."""
     cli = build(args)
+    check_resumable(cli.config.ckpt_path)
     trainer = cli.trainer
     trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
     for callback in trainer.checkpoint_callbacks:  # with the default config: the best, then the last

@@ -143,3 +143,15 @@ def test_print_config_shows_the_linked_resolved_config(capsys):
     assert exit_info.value.code == 0
     printed = capsys.readouterr().out
     assert "d_model: 96" in printed and "train_manifest: data/mini/train.jsonl" in printed
+
+
+def test_resuming_from_an_averaged_checkpoint_is_refused_by_name(run, tmp_path):
+    from asr.average import average, save
+    from asr.fit import ConfigError
+
+    last = run / "checkpoints" / "last.ckpt"
+    averaged = tmp_path / "averaged.ckpt"
+    save(average([last, last]), averaged)
+    with pytest.raises(ConfigError, match="weights only .*asr.average"):
+        main(["--config", str(run / "config.yaml"), "--ckpt_path", str(averaged),
+              "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])

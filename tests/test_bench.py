@@ -1,0 +1,109 @@
+"""asr.bench: the quick benchmark runs end to end and writes every section; its arithmetic by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import soundfile
+import torch
+import yaml
+
+from asr import bench, cost
+from asr.data import Batch
+from asr.tokenizer import Tokenizer
+
+SECTIONS = ("peak", "train", "batching", "loop", "features", "data", "inference", "corpus", "machine", "targets")
+
+
+def test_quick_mode_writes_every_section_with_sane_values(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench.main(["--quick", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert set(SECTIONS) <= set(results)
+    assert results["peak"]["fp32"] > 0 and results["peak"]["bf16"] > 0
+    assert set(results["train"]) == {"tiny/32-true", "tiny/bf16-mixed"}
+    for figures in results["train"].values():
+        assert figures["x_real_time"] > 0 and figures["mfu"] > 0 and 0 <= figures["padding"] < 1
+    bucketed, shuffled = results["batching"]["bucketed"], results["batching"]["random"]
+    assert 0 <= bucketed["padding"] < shuffled["padding"] <= 1
+    assert bucketed["x_real_time"] > 0 and shuffled["x_real_time"] > 0
+    assert results["loop"]["plain_s"] > 0 and results["loop"]["lightning_s"] > 0
+    assert results["features"]["features_x_real_time"] > 0 and results["features"]["decode_features_x_real_time"] > 0
+    configured = yaml.safe_load((bench.REPO / "configs" / "default.yaml").read_text())["data"]
+    assert 0 <= results["data"]["wait_share"] < 1 and results["data"]["num_workers"] == configured["num_workers"]
+    assert results["inference"]["rtf"] > 0
+    # The quick run has no base preset: every other target is judged, each with a yes/no in the table.
+    assert set(results["targets"]) == set(bench.TARGETS) - {"train/base/32-true/mfu", "train/base/bf16-mixed/mfu"}
+    table = capsys.readouterr().out
+    for name, target in results["targets"].items():
+        assert f"| {name} |" in table and f"| {target['target']} | {'yes' if target['met'] else 'NO'} |" in table
+
+
+def test_padding_fraction_by_hand():
+    # batches [1 s, 2 s] and [3 s, 4 s] hold 2*2 + 2*4 = 12 s of padded audio, 10 s of it speech
+    assert bench.padding_fraction([1.0, 2.0, 3.0, 4.0], [[0, 1], [2, 3]]) == pytest.approx(2 / 12)
+    assert bench.padding_fraction([1.0, 2.0, 3.0, 4.0], [[0], [1], [2], [3]]) == 0.0
+
+
+def test_random_batches_hold_every_utterance_once_within_the_limit():
+    durations = bench.corpus_durations(200, seed=1)
+    batches = bench.random_batches(durations, 60.0, seed=1)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    assert all(len(b) * max(durations[i] for i in b) <= 60.0 for b in batches)
+    assert batches != bench.random_batches(durations, 60.0, seed=2)
+
+
+def test_corpus_durations_look_like_librispeech():
+    durations = bench.corpus_durations(4000, seed=0)
+    assert 1.0 <= min(durations) and max(durations) <= 20.0
+    assert 11.0 < sum(durations) / len(durations) < 13.0
+    assert durations == bench.corpus_durations(4000, seed=0)
+
+
+def test_synthetic_corpus_files_and_token_rates(tmp_path):
+    manifest, tokenizer_model = bench.write_corpus(tmp_path, 5, seed=3)
+    tokenizer = Tokenizer.load(tokenizer_model)
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert len(rows) == 5
+    for row in rows:
+        info = soundfile.info(tmp_path / row["audio_filepath"])
+        assert info.samplerate == bench.SAMPLE_RATE
+        assert info.frames / info.samplerate == pytest.approx(row["duration"], abs=1e-3)
+        wanted = round(bench.TOKENS_PER_SECOND * row["duration"])
+        assert wanted <= len(tokenizer.encode(row["text"])) <= wanted + 8  # words are added until the count is reached
+
+
+def test_mfu_is_three_forwards_over_time_and_peak():
+    model = bench.build_module("tiny", Tokenizer.train(["a b c"])).model
+    lengths = torch.tensor([16000, 8000])  # 100 and 50 feature frames
+    batch = Batch(torch.zeros(2, 16000), lengths, torch.ones(2, 3, dtype=torch.long), torch.tensor([3, 2]), ["a", "b"])
+    figures = bench.train_figures(model, [batch, batch], seconds=2.0, peak=1e9)
+    forward = int(cost.forward_flops(model, torch.tensor([100, 50])).sum())
+    assert figures["mfu"] == pytest.approx(3 * 2 * forward / 2.0 / 1e9)
+    assert figures["x_real_time"] == pytest.approx(2 * 1.5 / 2.0)  # 3 s of audio in 2 s
+    assert figures["padding"] == pytest.approx(0.25) and figures["step_s"] == 1.0
+
+
+def test_fastest_takes_each_batch_best_pass():
+    # two passes over three batches: (1, 2, 3) then (0.5, 2.5, 1)
+    assert bench.fastest([1.0, 2.0, 3.0, 0.5, 2.5, 1.0], 2) == pytest.approx(0.5 + 2.0 + 1.0)
+    assert bench.fastest([1.0, 2.0], 1) == 3.0
+
+
+def test_targets_are_judged_against_their_thresholds():
+    results = {"loop": {"overhead": 0.05}, "inference": {"rtf": 0.004}, "batching": {"bucketed": {"padding": 0.03}}}
+    judged = bench.targets(results)
+    assert {name: t["met"] for name, t in judged.items()} == {
+        "loop/overhead": False, "inference/rtf": True, "batching/bucketed/padding": False}  # < 3% is strict
+
+
+def test_presets_are_built_as_fit_stacks_them():
+    settings = bench.model_settings("base")
+    assert settings["d_model"] == 384 and settings["n_layers"] == 16  # configs/model/base.yaml
+    assert settings["attention_window"] == 4 and "optimizer" not in settings  # configs/default.yaml's model section
+
+
+def test_unknown_preset_names_the_missing_file():
+    with pytest.raises(FileNotFoundError, match=r"configs/model/huge\.yaml"):
+        bench.build_module("huge", Tokenizer.train(["a b c"]))

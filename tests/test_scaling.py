@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 MINI = REPO / "data" / "mini"
 SECONDS = 1.3  # every utterance is padded to this, so batches hold a fixed count
 DETERMINISTIC = ["--model.d_model", "64", "--model.n_heads", "2", "--model.n_layers", "2", "--model.dropout", "0",
+                 "--model.attention_dropout", "0",
                  "--model.spec_augment", "false", "--model.warmup_steps", "1", "--data.speed_perturb", "[1.0]",
                  "--data.shuffle", "false", "--data.num_workers", "0", "--trainer.precision", "32-true",
                  # SGD: the update is the gradient itself. Adam would turn the ~1e-10 rounding noise of

@@ -48,7 +48,7 @@ from asr import export
 from asr import manifest as mf
 from asr.audio import HOP_SECONDS
 from asr.data import ASRDataset, BucketBatchSampler
-from asr.decoding import greedy, make_decoder
+from asr.decoding import Decoder, greedy, make_decoder
 from asr.longform import segments, stitched
 from asr.module import ASRModule
 from asr.output import FORMATS, JsonlFile, OutputDir, Result, Stdout, align, score, score_line, words_of
@@ -57,7 +57,6 @@ from asr.tokenizer import Tokenizer
 AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
 MANIFEST_SUFFIXES = (".json", ".jsonl")
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
-Decoder = Callable[[torch.Tensor, torch.Tensor], list[list[int]]]
 
 
 class AcousticModel(Protocol):

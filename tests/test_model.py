@@ -212,3 +212,16 @@ def test_dropout_masks_differ_between_calls_and_repeat_under_the_same_seed():
     first, second = dropout(x, 0.5, True), dropout(x, 0.5, True)
     torch.manual_seed(0)
     assert not torch.equal(first, second) and torch.equal(dropout(x, 0.5, True), first)
+
+
+def test_attention_dropout_drops_attention_weights_in_training_only():
+    from asr.model import Block, attention_mask
+
+    qkv = torch.randn(3, 2, 4, 20, 8)  # (3, B, H, T', d/H)
+    mask = attention_mask(torch.tensor([20, 12]), 20)
+    plain = Block(encoder()).train().attention(qkv, mask)
+    block = Block(encoder(attention_dropout=0.5))
+    torch.manual_seed(0)
+    first, second = block.train().attention(qkv, mask), block.attention(qkv, mask)
+    assert not torch.allclose(first, second) and not torch.allclose(first, plain)
+    torch.testing.assert_close(block.eval().attention(qkv, mask), plain)

@@ -76,3 +76,8 @@ def test_compiled_blocks_compute_what_eager_blocks_compute(char_tokenizer, wavef
     audio, lengths = waveforms(0.6, 0.5)
     torch.testing.assert_close(compiled(audio, lengths)[0], eager(audio, lengths)[0], atol=1e-4, rtol=1e-4)
     assert set(compiled.state_dict()) == set(eager.state_dict())  # checkpoints stay interchangeable
+
+
+def test_dropout_settings_reach_every_block(char_tokenizer):
+    blocks = module(char_tokenizer, dropout=0.2, attention_dropout=0.3).model.blocks
+    assert all((b.dropout, b.attention_dropout) == (0.2, 0.3) for b in blocks)

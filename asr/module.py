@@ -123,6 +123,7 @@ class ASRModule(pl.LightningModule):
         if self.device_mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
+            self.model.subsampling.conv.to(memory_format=torch.contiguous_format)  # FSDP2 refuses channels-last
             for block in self.model.blocks:
                 fully_shard(block, mesh=self.device_mesh)
             fully_shard(self.model, mesh=self.device_mesh)

@@ -204,6 +204,7 @@ def test_dropout_zeroes_a_share_p_of_elements_and_keeps_the_mean():
     y.sum().backward()
     assert torch.equal(x.grad == 0, y == 0)  # gradients flow through the kept elements only
     assert torch.equal(dropout(x, 0.3, training=False), x) and torch.equal(dropout(x, 0.0, training=True), x)
+    assert dropout(x.bfloat16(), 0.3, training=True).dtype == torch.bfloat16  # bf16 stays bf16 under autocast
 
 
 def test_dropout_masks_differ_between_calls_and_repeat_under_the_same_seed():

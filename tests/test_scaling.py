@@ -19,6 +19,7 @@ from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
 
 from asr.convert import convert
 from asr.fit import ConfigError, build, check_hardware
+from asr.tokenizer import Tokenizer
 from asr.transcribe import Transcriber
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,23 +31,28 @@ DETERMINISTIC = ["--model.d_model", "64", "--model.n_heads", "2", "--model.n_lay
                  "--data.shuffle", "false", "--data.num_workers", "0", "--trainer.precision", "32-true",
                  # SGD: the update is the gradient itself. Adam would turn the ~1e-10 rounding noise of
                  # gradients that are zero in exact arithmetic (attention key biases) into full-size steps.
-                 "--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.05"]
+                 "--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.05",
+                 "--model.optimizer.fused", "false"]  # default.yaml's fused: true carries over; FSDP2 lacks fused SGD
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """16 bundled utterances of 0.9-1.3 s, each zero-padded to exactly 1.3 s: a manifest path."""
-    root = tmp_path_factory.mktemp("equal")
+def padded_corpus(root: Path, count: int, keep=lambda row: True) -> Path:
+    """``count`` bundled utterances of 0.9-1.3 s (those that ``keep(manifest row)``), each zero-padded
+    to exactly 1.3 s: a manifest path."""
     rows = []
     for line in (MINI / "train.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if 0.9 <= row["duration"] <= SECONDS and len(rows) < 16:
+        if 0.9 <= row["duration"] <= SECONDS and len(rows) < count and keep(row):
             audio, rate = soundfile.read(MINI / row["audio_filepath"], dtype="float32")
             path = root / Path(row["audio_filepath"]).name
             soundfile.write(path, np.pad(audio, (0, int(SECONDS * rate) - len(audio))), rate)
             rows.append({"audio_filepath": path.name, "duration": SECONDS, "text": row["text"]})
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root / "train.jsonl"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return padded_corpus(tmp_path_factory.mktemp("equal"), 16)
 
 
 def fit(out: Path, manifest: Path, *args: str) -> Path:
@@ -92,6 +98,29 @@ def test_two_processes_match_one_process_with_the_same_global_batch(strategy, co
     assert ours.keys() == theirs.keys()
     for name in ours:
         torch.testing.assert_close(ours[name], theirs[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(tmp_path):
+    """2 micro-batches of 2 utterances, accumulated, make the same SGD steps as batches of 4.
+
+    Lightning averages the micro-batches' losses, each a mean over its own tokens; that equals the
+    mean over all tokens when the micro-batches hold as many tokens each, so every utterance here
+    has two tokens. Tolerance: as above, only the summation order differs.
+    """
+    texts = [json.loads(line)["text"] for line in (MINI / "train.jsonl").read_text().splitlines()]
+    tokenizer = Tokenizer.train(texts, "unigram", 64)  # as configs/default.yaml: about a piece per word
+    tokenizer.save(tmp_path / "tokens.model")
+    manifest = padded_corpus(tmp_path, 8, keep=lambda row: len(tokenizer.encode(row["text"])) == 2)
+    assert len(manifest.read_text().splitlines()) == 8
+    one = ["--trainer.max_epochs", "2", "--data.max_duration", str(SECONDS), "--data.tokenizer_model",
+           str(tmp_path / "tokens.model"), *DETERMINISTIC]
+    single = fit(tmp_path / "single", manifest, *one, "--data.max_batch_seconds", str(4 * SECONDS))
+    accumulated = fit(tmp_path / "accumulated", manifest, *one, "--data.max_batch_seconds", str(2 * SECONDS),
+                      "--trainer.accumulate_grad_batches", "2")
+    checkpoints = [torch.load(run / "checkpoints" / "last.ckpt", weights_only=True) for run in (single, accumulated)]
+    assert checkpoints[0]["global_step"] == checkpoints[1]["global_step"] == 4  # optimizer steps
+    for name, value in checkpoints[0]["state_dict"].items():
+        torch.testing.assert_close(checkpoints[1]["state_dict"][name], value, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_fsdp_bf16_checkpointing_clipping_trains_transcribes_and_resumes_under_ddp(corpus, tmp_path):

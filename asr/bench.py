@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
 import json
 import logging
 import os
@@ -160,13 +162,18 @@ def check_target(value: float, comparison: str, threshold: float) -> bool:
 
 def model_settings(preset: str) -> dict:
     """ASRModule's arguments in ``python -m asr.fit --config configs/model/<preset>.yaml``: the model section of
-    configs/default.yaml under the preset's. The optimizer stays AdamW with its defaults (the lr costs nothing)."""
+    configs/default.yaml under the preset's, the optimizer built from its class_path and init_args."""
     path = REPO / "configs" / "model" / f"{preset}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no preset {preset!r}: {path} does not exist")
-    defaults = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["model"]
-    defaults.pop("optimizer", None)
-    return defaults | yaml.safe_load(path.read_text())["model"]
+    settings = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["model"]
+    settings |= yaml.safe_load(path.read_text())["model"]
+    if "optimizer" in settings:
+        optimizer = settings["optimizer"]
+        module, name = optimizer["class_path"].rsplit(".", 1)
+        settings["optimizer"] = functools.partial(getattr(importlib.import_module(module), name),
+                                                  **optimizer.get("init_args", {}))
+    return settings
 
 
 def build_module(preset: str, tokenizer: Tokenizer) -> ASRModule:
@@ -175,10 +182,17 @@ def build_module(preset: str, tokenizer: Tokenizer) -> ASRModule:
     return ASRModule(tokenizer=tokenizer, **model_settings(preset))
 
 
-def plain_step(module: ASRModule, precision: str, total_steps: int):
-    """step(batch): forward and CTC loss under torch.autocast, backward, the module's optimizer and lr schedule."""
-    if precision not in DTYPE:
-        raise ValueError(f"precision must be one of {list(DTYPE)}, got {precision!r}")
+def plain_step(module: ASRModule, precision: str, total_steps: int, keep_gradients: bool = False):
+    """step(batch): forward and CTC loss under torch.autocast, backward, the module's optimizer and lr schedule.
+
+    bf16-true casts the module to bf16 first: weights, gradients and optimizer state, as Lightning's bf16-true.
+    Gradients are freed after each step, as Lightning does, unless ``keep_gradients`` (zeroed instead, so
+    that a step's peak memory above the memory before it is activations only).
+    """
+    if precision not in (*DTYPE, "bf16-true"):
+        raise ValueError(f"precision must be one of {[*DTYPE, 'bf16-true']}, got {precision!r}")
+    if precision == "bf16-true":
+        module.to(torch.bfloat16)
     optimizer = module.optimizer_factory(module.parameters())
     schedule = WarmupCosine(module.hparams.warmup_steps, total_steps, module.hparams.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -190,7 +204,7 @@ def plain_step(module: ASRModule, precision: str, total_steps: int):
             loss = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths)
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=not keep_gradients)
         scheduler.step()
 
     return step

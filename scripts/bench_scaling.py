@@ -1,29 +1,35 @@
 """Measure the memory and speed levers on this machine and print ratios (no pass/fail).
 
-    python scripts/bench_scaling.py                          # small and base presets, 3 min 13 s on 2 cores
-    python scripts/bench_scaling.py --presets tiny --steps 2 --batch_seconds 16   # a quick look
+    python scripts/bench_scaling.py                          # small and base presets
+    python scripts/bench_scaling.py --presets tiny --rounds 2 --batch_seconds 16   # a quick look
 
-For each model preset (configs/model/<preset>.yaml) one training step is forward, CTC loss,
-backward and an AdamW step on a batch of ``--batch_seconds`` of 16 kHz audio (utterances
-of ``--utterance_seconds``), as ``data.max_batch_seconds`` fills it. Each configuration runs
-in a fresh process; step time is the median of ``--steps`` steps after one warm-up step.
+Models are built as ``python -m asr.fit --config configs/model/<preset>.yaml`` builds them
+(asr.bench.build_module: configs/default.yaml's model section and optimizer under the preset's
+shapes). One training step is forward, CTC loss, backward, optimizer step and lr schedule
+(asr.bench.plain_step) on a batch of ``--batch_seconds`` of 16 kHz audio in utterances of
+``--utterance_seconds``, as ``data.max_batch_seconds`` fills it.
 
+- step time: every configuration of a preset lives in one process, and each round steps
+  each configuration once, in an order that rotates from round to round. A ratio is taken
+  inside each round (so a slow spell of the machine slows both of its sides) and the table
+  gives the median over ``--rounds`` rounds and the lowest and highest round.
+- recomputed share: the time of the forward passes activation checkpointing repeats (the
+  subsampling convolutions and every block), as a share of the whole step without
+  checkpointing, timed inside the same steps. Recomputing them cannot cost less, so
+  1 + share is the lowest step-time ratio any full recomputation can reach.
 - activation memory: the peak of the process's resident memory during a step, minus the
   resident memory before it (weights, gradients and optimizer state are allocated by the
-  warm-up step). glibc is told to return every large block at once
+  warm-up step, and here gradients are zeroed, not freed, after each step). glibc is told to return every large block at once
   (MALLOC_MMAP_THRESHOLD_), so resident memory follows live tensors; a thread samples
-  /proc/self/statm every millisecond. That costs page faults, so step times come from a
-  second process that runs as usual.
-- checkpointing: ``--model.checkpoint_every 1`` against 0, both in bf16-mixed.
-- precision: 32-true, bf16-mixed and bf16-true, without checkpointing.
-- DDP: 2 processes (gloo), each stepping on a batch like the single process's, so the
-  throughput ratio is 2 x (single step time) / (DDP step time).
+  /proc/self/statm every millisecond. That costs page faults, so memory is measured in
+  a separate process per configuration, and never timed.
+- DDP: 2 processes (gloo, one thread each), each stepping on a batch like the single
+  process's, so the throughput ratio is 2 x (single step time) / (DDP step time).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -34,29 +40,79 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from asr.bench import build_module, plain_step
+from asr.data import Batch
+from asr.tokenizer import Tokenizer
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TEXT = "call five two nine enter number oh seven go left erase three repeat stop"
+# name: (trainer.precision, model.checkpoint_every)
+CONFIGS = {"bf16-mixed": ("bf16-mixed", 0), "bf16-mixed, checkpoint_every 1": ("bf16-mixed", 1),
+           "32-true": ("32-true", 0), "bf16-true": ("bf16-true", 0)}
 
 
-def build(preset: str, checkpoint_every: int):
-    from asr.module import ASRModule
-    from asr.tokenizer import Tokenizer
+def build(preset: str, precision: str, checkpoint_every: int, args, keep_gradients: bool = False):
+    """(module, step(batch) of it, the batch)."""
+    tokenizer = Tokenizer.train([TEXT])
+    module = build_module(preset, tokenizer)
+    module.model.checkpoint_every = checkpoint_every
+    step = plain_step(module, precision, total_steps=10**6, keep_gradients=keep_gradients)
+    return module, step, batch(args, tokenizer.vocab_size)
 
-    shape = yaml.safe_load((REPO / "configs" / "model" / f"{preset}.yaml").read_text())["model"]
-    torch.manual_seed(0)
-    return ASRModule(tokenizer=Tokenizer.train([TEXT]), checkpoint_every=checkpoint_every, **shape)
 
-
-def batch(batch_seconds: float, utterance_seconds: float, vocab: int):
-    n = max(1, int(batch_seconds // utterance_seconds))
-    samples = int(utterance_seconds * 16000)
-    tokens = int(utterance_seconds * 12)  # ~12 characters a second, well inside CTC's reach
+def batch(args, vocab: int) -> Batch:
+    n = max(1, int(args.batch_seconds // args.utterance_seconds))
+    samples = int(args.utterance_seconds * 16000)
+    tokens = int(args.utterance_seconds * 12)  # ~12 characters a second, well inside CTC's reach
     generator = torch.Generator().manual_seed(0)
-    return (torch.randn(n, samples, generator=generator) * 0.1, torch.full((n,), samples),
-            torch.randint(2, vocab, (n, tokens), generator=generator), torch.full((n,), tokens))
+    return Batch(torch.randn(n, samples, generator=generator) * 0.1, torch.full((n,), samples),
+                 torch.randint(2, vocab, (n, tokens), generator=generator), torch.full((n,), tokens), [TEXT] * n)
+
+
+class ForwardClock:
+    """Seconds spent in the forward passes of ``modules`` since the last ``take()``."""
+
+    def __init__(self, modules):
+        self.seconds, self.start = 0.0, 0.0
+        for module in modules:
+            module.register_forward_pre_hook(self.begin)
+            module.register_forward_hook(self.end)
+
+    def begin(self, *_):
+        self.start = time.perf_counter()
+
+    def end(self, *_):
+        self.seconds += time.perf_counter() - self.start
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def timed(step, data: Batch) -> float:
+    start = time.perf_counter()
+    step(data)
+    return time.perf_counter() - start
+
+
+def run_times(args) -> dict:
+    """All CONFIGS of one preset in this process, interleaved: per configuration its step time in each round."""
+    steps = {name: build(args.preset, *config, args) for name, config in CONFIGS.items()}
+    plain = steps["bf16-mixed"][0].model
+    clock = ForwardClock([plain.subsampling, *plain.blocks])
+    times = {name: [] for name in CONFIGS} | {"recomputed": []}
+    for round_ in range(args.warmup + args.rounds):
+        names = list(CONFIGS)[round_ % len(CONFIGS):] + list(CONFIGS)[:round_ % len(CONFIGS)]
+        for name in names:
+            _, step, data = steps[name]
+            seconds = timed(step, data)
+            if round_ >= args.warmup:
+                times[name].append(seconds)
+                if name == "bf16-mixed":
+                    times["recomputed"].append(clock.take())
+            clock.take()
+    return times
 
 
 def resident() -> int:
@@ -83,59 +139,29 @@ class PeakSampler:
         self.thread.join()
 
 
-def step_fn(module, data, precision: str):
-    from asr.module import ctc_loss
-
-    if precision == "bf16-true":
-        module.to(torch.bfloat16)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
-    audio, lengths, tokens, token_lengths = data
-
-    def step():
-        optimizer.zero_grad(set_to_none=False)
-        with autocast:
-            log_probs, out_lengths = module.model(audio, lengths)
-            loss = ctc_loss(log_probs, out_lengths, tokens, token_lengths)
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def run_one(args) -> dict:
-    """One configuration in this process: median step time and activation memory."""
-    module = build(args.preset, args.checkpoint_every).train()
-    step = step_fn(module, batch(args.batch_seconds, args.utterance_seconds, module.tokenizer.vocab_size),
-                   args.precision)
-    step()  # warm-up: allocates gradients and optimizer state
-    times, peaks = [], []
-    for _ in range(args.steps):
+def run_memory(args) -> dict:
+    """One configuration in this process: the highest activation memory of 2 steps after a warm-up."""
+    _, step, data = build(args.preset, args.precision, args.checkpoint_every, args, keep_gradients=True)
+    step(data)  # warm-up: allocates gradients (kept, zeroed) and optimizer state
+    peaks = []
+    for _ in range(2):
         before = resident()
         with PeakSampler() as sampler:
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
+            step(data)
         peaks.append(sampler.peak - before)
-    return {"step_s": statistics.median(times), "activation_mb": max(peaks) / 2**20}
+    return {"activation_mb": max(peaks) / 2**20}
 
 
 def run_ddp_rank(rank: int, args, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    module = build(args.preset, 0).train()
+    module, _, data = build(args.preset, "bf16-mixed", 0, args)
     module.model = torch.nn.parallel.DistributedDataParallel(module.model)
-    step = step_fn(module, batch(args.batch_seconds, args.utterance_seconds, module.tokenizer.vocab_size),
-                   "bf16-mixed")
-    step()
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    step = plain_step(module, "bf16-mixed", total_steps=10**6)
+    times = [timed(step, data) for _ in range(args.warmup + args.rounds)][args.warmup:]
     if rank == 0:
-        results.put(statistics.median(times))
+        results.put(times)
     torch.distributed.destroy_process_group()
 
 
@@ -144,40 +170,48 @@ def run_ddp(args) -> dict:
     results = context.Queue()
     port = 29500 + os.getpid() % 1000
     torch.multiprocessing.start_processes(run_ddp_rank, args=(args, port, results), nprocs=2, start_method="spawn")
-    return {"step_s": results.get()}
+    return {"ddp": results.get()}
 
 
-def measure(preset: str, precision: str, checkpoint_every: int, args, ddp: bool = False) -> dict:
-    """Run one configuration in fresh processes: one for memory, with glibc returning freed blocks at
-    once (which costs page faults, so it would slow the step), and one as usual for the step time."""
-    command = [sys.executable, __file__, "--one", "--presets", preset, "--precision", precision,
-               "--checkpoint_every", str(checkpoint_every), "--steps", str(args.steps),
+def child(args, mode: str, env: dict | None = None, precision: str = "bf16-mixed", checkpoint_every: int = 0) -> dict:
+    """Run one measurement in a fresh process and return its JSON line."""
+    command = [sys.executable, __file__, "--child", mode, "--presets", args.preset, "--precision", precision,
+               "--checkpoint_every", str(checkpoint_every), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
                "--batch_seconds", str(args.batch_seconds), "--utterance_seconds", str(args.utterance_seconds)]
-
-    def run(extra: list[str], env: dict) -> dict:
-        out = subprocess.run(command + extra, capture_output=True, text=True, env=env, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    if ddp:
-        return run(["--ddp"], dict(os.environ))
-    memory = run([], dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
-    return {"step_s": run([], dict(os.environ))["step_s"], "activation_mb": memory["activation_mb"]}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def report(preset: str, args) -> list[str]:
-    runs = {name: measure(preset, precision, ckpt, args) for name, precision, ckpt in [
-        ("bf16-mixed", "bf16-mixed", 0), ("bf16-mixed+ckpt", "bf16-mixed", 1),
-        ("32-true", "32-true", 0), ("bf16-true", "bf16-true", 0)]}
-    runs["ddp2"] = measure(preset, "bf16-mixed", 0, args, ddp=True)
-    base, ckpt = runs["bf16-mixed"], runs["bf16-mixed+ckpt"]
-    rows = [f"| {preset} | {name} | {r['step_s']:.2f} | {r['activation_mb']:.0f} |" if "activation_mb" in r
-            else f"| {preset} | {name} | {r['step_s']:.2f} | not measured |" for name, r in runs.items()]
-    rows.append(f"| {preset} | checkpointing: activation memory saved | {1 - ckpt['activation_mb'] / base['activation_mb']:.0%} | |")
-    rows.append(f"| {preset} | checkpointing: step time ratio | {ckpt['step_s'] / base['step_s']:.2f}x | |")
-    rows.append(f"| {preset} | bf16-mixed speed-up over 32-true | {runs['32-true']['step_s'] / base['step_s']:.2f}x | |")
-    rows.append(f"| {preset} | bf16-true speed-up over 32-true | {runs['32-true']['step_s'] / runs['bf16-true']['step_s']:.2f}x | |")
-    rows.append(f"| {preset} | DDP 2 processes throughput / 1 process | {2 * base['step_s'] / runs['ddp2']['step_s']:.2f}x | |")
-    return rows
+def spread(values: list[float], unit: str = "") -> str:
+    """median (lowest-highest)."""
+    return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"
+
+
+def report(args) -> list[str]:
+    times = child(args, "times")
+    times |= child(args, "ddp")
+    low_memory = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    memory = {name: child(args, "memory", low_memory, *config)["activation_mb"] for name, config in CONFIGS.items()}
+    rows = [f"| {args.preset} | {name} | {spread(times[name])} | {memory[name]:.0f} |" for name in CONFIGS]
+    rows.append(f"| {args.preset} | DDP, 2 processes, each a batch like the above | {spread(times['ddp'])} | |")
+
+    def ratio(top: str, bottom: str, scale: float = 1.0) -> list[float]:
+        return [scale * a / b for a, b in zip(times[top], times[bottom])]
+
+    plain, ckpt = "bf16-mixed", "bf16-mixed, checkpoint_every 1"
+    single = statistics.median(times[plain])
+    figures = [
+        ("checkpointing: activation memory saved", f"{1 - memory[ckpt] / memory[plain]:.0%}"),
+        ("checkpointing: step time with / without", spread(ratio(ckpt, plain), "x")),
+        ("checkpointing: lowest possible ratio, 1 + recomputed share", spread(
+            [1 + r for r in ratio("recomputed", plain)], "x")),
+        ("bf16-mixed speed-up over 32-true", spread(ratio("32-true", plain), "x")),
+        ("bf16-true speed-up over 32-true", spread(ratio("32-true", "bf16-true"), "x")),
+        ("DDP 2 processes: throughput / 1 process", spread([2 * single / t for t in times["ddp"]], "x")),
+    ]
+    return rows + [f"| {args.preset} | {name} | {value} | |" for name, value in figures]
 
 
 def main() -> None:
@@ -185,21 +219,23 @@ def main() -> None:
     parser.add_argument("--presets", default="small,base", help="comma-separated configs/model presets")
     parser.add_argument("--batch_seconds", type=float, default=60.0, help="audio per batch (data.max_batch_seconds)")
     parser.add_argument("--utterance_seconds", type=float, default=6.0)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration, after one warm-up")
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: one configuration
-    parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds (each steps every configuration once)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    parser.add_argument("--child", choices=["times", "memory", "ddp"], help=argparse.SUPPRESS)  # internal
     parser.add_argument("--precision", default="bf16-mixed", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint_every", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one:
+    if args.child:
         args.preset = args.presets
-        print(json.dumps(run_ddp(args) if args.ddp else run_one(args)))
+        print(json.dumps({"times": run_times, "memory": run_memory, "ddp": run_ddp}[args.child](args)))
         return
-    print(f"batch: {args.batch_seconds:g} s of audio in {args.utterance_seconds:g} s utterances; "
-          f"median of {args.steps} steps; torch {torch.__version__}, {os.cpu_count()} CPU cores")
-    print("| preset | configuration | step s (or ratio) | activation MB |\n|---|---|---|---|")
+    print(f"batch: {args.batch_seconds:g} s of audio in {args.utterance_seconds:g} s utterances; median "
+          f"(lowest-highest) of {args.rounds} rounds after {args.warmup}; torch {torch.__version__}, "
+          f"{os.cpu_count()} CPU cores")
+    print("| preset | configuration | step s, or ratio | activation MB |\n|---|---|---|---|")
     for preset in args.presets.split(","):
-        print("\n".join(report(preset, args)), flush=True)
+        args.preset = preset
+        print("\n".join(report(args)), flush=True)
 
 
 if __name__ == "__main__":

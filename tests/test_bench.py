@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 import soundfile
@@ -101,9 +104,27 @@ def test_targets_are_judged_against_their_thresholds():
 def test_presets_are_built_as_fit_stacks_them():
     settings = bench.model_settings("base")
     assert settings["d_model"] == 384 and settings["n_layers"] == 16  # configs/model/base.yaml
-    assert settings["attention_window"] == 4 and "optimizer" not in settings  # configs/default.yaml's model section
+    assert settings["attention_window"] == 4  # configs/default.yaml's model section
+    optimizer = settings["optimizer"]([torch.nn.Parameter(torch.zeros(1))])  # and its optimizer, as configured
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] and optimizer.defaults["lr"] == 0.002
 
 
 def test_unknown_preset_names_the_missing_file():
     with pytest.raises(FileNotFoundError, match=r"configs/model/huge\.yaml"):
         bench.build_module("huge", Tokenizer.train(["a b c"]))
+
+
+def test_scaling_script_prints_every_configuration_and_ratio():
+    """scripts/bench_scaling.py (the README's memory and speed table) on the tiny preset, one round."""
+    command = [sys.executable, "scripts/bench_scaling.py", "--presets", "tiny", "--rounds", "1", "--warmup", "1",
+               "--batch_seconds", "8", "--utterance_seconds", "4"]
+    out = subprocess.run(command, cwd=bench.REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split(" | ")[1]: line.split(" | ")[2] for line in out.stdout.splitlines() if line.startswith("| tiny |")}
+    assert list(rows) == ["bf16-mixed", "bf16-mixed, checkpoint_every 1", "32-true", "bf16-true",
+                          "DDP, 2 processes, each a batch like the above", "checkpointing: activation memory saved",
+                          "checkpointing: step time with / without",
+                          "checkpointing: lowest possible ratio, 1 + recomputed share",
+                          "bf16-mixed speed-up over 32-true", "bf16-true speed-up over 32-true",
+                          "DDP 2 processes: throughput / 1 process"]
+    assert all(re.fullmatch(r"-?\d+(\.\d+)?(x|%)? \(.+\)|-?\d+%", value) for value in rows.values()), rows

@@ -2,6 +2,7 @@
 
     python scripts/bench_scaling.py                          # small and base presets
     python scripts/bench_scaling.py --presets tiny --rounds 2 --batch_seconds 16   # a quick look
+    python scripts/bench_scaling.py --compile                # also bf16-mixed with torch.compile
 
 Models are built as ``python -m asr.fit --config configs/model/<preset>.yaml`` builds them
 (asr.bench.build_module: configs/default.yaml's model section and optimizer under the preset's
@@ -47,16 +48,24 @@ from asr.tokenizer import Tokenizer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TEXT = "call five two nine enter number oh seven go left erase three repeat stop"
-# name: (trainer.precision, model.checkpoint_every)
-CONFIGS = {"bf16-mixed": ("bf16-mixed", 0), "bf16-mixed, checkpoint_every 1": ("bf16-mixed", 1),
-           "32-true": ("32-true", 0), "bf16-true": ("bf16-true", 0)}
+# name: (trainer.precision, model.checkpoint_every, model.compile)
+CONFIGS = {"bf16-mixed": ("bf16-mixed", 0, False), "bf16-mixed, checkpoint_every 1": ("bf16-mixed", 1, False),
+           "32-true": ("32-true", 0, False), "bf16-true": ("bf16-true", 0, False)}
+COMPILED = {"bf16-mixed, compile": ("bf16-mixed", 0, True)}  # with --compile
 
 
-def build(preset: str, precision: str, checkpoint_every: int, args, keep_gradients: bool = False):
+def configurations(args) -> dict:
+    return CONFIGS | (COMPILED if args.compile else {})
+
+
+def build(preset: str, precision: str, checkpoint_every: int, compile: bool, args, keep_gradients: bool = False):
     """(module, step(batch) of it, the batch)."""
     tokenizer = Tokenizer.train([TEXT])
     module = build_module(preset, tokenizer)
     module.model.checkpoint_every = checkpoint_every
+    if compile:
+        module.hparams.compile = True
+        module.configure_model()  # torch.compile of each block, as asr.fit does
     step = plain_step(module, precision, total_steps=10**6, keep_gradients=keep_gradients)
     return module, step, batch(args, tokenizer.vocab_size)
 
@@ -97,13 +106,14 @@ def timed(step, data: Batch) -> float:
 
 
 def run_times(args) -> dict:
-    """All CONFIGS of one preset in this process, interleaved: per configuration its step time in each round."""
-    steps = {name: build(args.preset, *config, args) for name, config in CONFIGS.items()}
+    """All configurations of one preset in this process, interleaved: per configuration its step time in each round."""
+    configs = configurations(args)
+    steps = {name: build(args.preset, *config, args) for name, config in configs.items()}
     plain = steps["bf16-mixed"][0].model
     clock = ForwardClock([plain.subsampling, *plain.blocks])
-    times = {name: [] for name in CONFIGS} | {"recomputed": []}
+    times = {name: [] for name in configs} | {"recomputed": []}
     for round_ in range(args.warmup + args.rounds):
-        names = list(CONFIGS)[round_ % len(CONFIGS):] + list(CONFIGS)[:round_ % len(CONFIGS)]
+        names = list(configs)[round_ % len(configs):] + list(configs)[:round_ % len(configs)]
         for name in names:
             _, step, data = steps[name]
             seconds = timed(step, data)
@@ -141,7 +151,8 @@ class PeakSampler:
 
 def run_memory(args) -> dict:
     """One configuration in this process: the highest activation memory of 2 steps after a warm-up."""
-    _, step, data = build(args.preset, args.precision, args.checkpoint_every, args, keep_gradients=True)
+    _, step, data = build(args.preset, args.precision, args.checkpoint_every, args.compile_blocks, args,
+                          keep_gradients=True)
     step(data)  # warm-up: allocates gradients (kept, zeroed) and optimizer state
     peaks = []
     for _ in range(2):
@@ -156,7 +167,7 @@ def run_ddp_rank(rank: int, args, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    module, _, data = build(args.preset, "bf16-mixed", 0, args)
+    module, _, data = build(args.preset, "bf16-mixed", 0, False, args)
     module.model = torch.nn.parallel.DistributedDataParallel(module.model)
     step = plain_step(module, "bf16-mixed", total_steps=10**6)
     times = [timed(step, data) for _ in range(args.warmup + args.rounds)][args.warmup:]
@@ -173,11 +184,13 @@ def run_ddp(args) -> dict:
     return {"ddp": results.get()}
 
 
-def child(args, mode: str, env: dict | None = None, precision: str = "bf16-mixed", checkpoint_every: int = 0) -> dict:
+def child(args, mode: str, env: dict | None = None, precision: str = "bf16-mixed", checkpoint_every: int = 0,
+          compile_blocks: bool = False) -> dict:
     """Run one measurement in a fresh process and return its JSON line."""
     command = [sys.executable, __file__, "--child", mode, "--presets", args.preset, "--precision", precision,
                "--checkpoint_every", str(checkpoint_every), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-               "--batch_seconds", str(args.batch_seconds), "--utterance_seconds", str(args.utterance_seconds)]
+               "--batch_seconds", str(args.batch_seconds), "--utterance_seconds", str(args.utterance_seconds),
+               *(["--compile"] if args.compile else []), *(["--compile_blocks"] if compile_blocks else [])]
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
@@ -193,8 +206,9 @@ def report(args) -> list[str]:
     times = child(args, "times")
     times |= child(args, "ddp")
     low_memory = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    memory = {name: child(args, "memory", low_memory, *config)["activation_mb"] for name, config in CONFIGS.items()}
-    rows = [f"| {args.preset} | {name} | {spread(times[name])} | {memory[name]:.0f} |" for name in CONFIGS]
+    configs = configurations(args)
+    memory = {name: child(args, "memory", low_memory, *config)["activation_mb"] for name, config in configs.items()}
+    rows = [f"| {args.preset} | {name} | {spread(times[name])} | {memory[name]:.0f} |" for name in configs]
     rows.append(f"| {args.preset} | DDP, 2 processes, each a batch like the above | {spread(times['ddp'])} | |")
 
     def ratio(top: str, bottom: str, scale: float = 1.0) -> list[float]:
@@ -211,6 +225,8 @@ def report(args) -> list[str]:
         ("bf16-true speed-up over 32-true", spread(ratio("32-true", "bf16-true"), "x")),
         ("DDP 2 processes: throughput / 1 process", spread([2 * single / t for t in times["ddp"]], "x")),
     ]
+    if args.compile:
+        figures.append(("torch.compile speed-up (bf16-mixed)", spread(ratio(plain, "bf16-mixed, compile"), "x")))
     return rows + [f"| {args.preset} | {name} | {value} | |" for name, value in figures]
 
 
@@ -221,7 +237,9 @@ def main() -> None:
     parser.add_argument("--utterance_seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds (each steps every configuration once)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    parser.add_argument("--compile", action="store_true", help="also time bf16-mixed with --model.compile true")
     parser.add_argument("--child", choices=["times", "memory", "ddp"], help=argparse.SUPPRESS)  # internal
+    parser.add_argument("--compile_blocks", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="bf16-mixed", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint_every", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 

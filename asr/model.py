@@ -151,7 +151,13 @@ def local_blocks(x: torch.Tensor, blocks: int, span: int) -> torch.Tensor:
     [i * LOCAL_BLOCK - w, i * LOCAL_BLOCK + LOCAL_BLOCK + w), zero outside the utterance."""
     b, h, t, dh = x.shape
     window = (span - LOCAL_BLOCK) // 2
-    x = F.pad(x, (0, 0, window, blocks * LOCAL_BLOCK - t + window)).unfold(2, span, LOCAL_BLOCK)  # (B, H, n, dh, span)
+    x = F.pad(x, (0, 0, 0, blocks * LOCAL_BLOCK - t))
+    if window <= LOCAL_BLOCK:  # each block's frames between its neighbours' edges: slices, not unfold,
+        x = x.view(b, h, blocks, LOCAL_BLOCK, dh)  # whose backward took 8% of a bf16 base step
+        before = F.pad(x[:, :, :-1, LOCAL_BLOCK - window:], (0, 0, 0, 0, 1, 0))  # (B, H, n, w, dh)
+        after = F.pad(x[:, :, 1:, :window], (0, 0, 0, 0, 0, 1))
+        return torch.cat([before, x, after], dim=3).transpose(1, 2).reshape(b * blocks, h, span, dh)
+    x = F.pad(x, (0, 0, window, window)).unfold(2, span, LOCAL_BLOCK)  # (B, H, n, dh, span)
     return x.permute(0, 2, 1, 4, 3).reshape(b * blocks, h, span, dh)
 
 

@@ -160,8 +160,8 @@ def test_attention_window_limits_what_a_frame_sees(monkeypatch, dense_up_to):
     assert torch.equal(as_dense(attention_mask(lengths, 70, window=4), 70, 4), dense_window_mask(lengths, 70, 4))
 
 
-@pytest.mark.parametrize("frames, window, dense_up_to", [(5, 1, 0), (32, 4, 0), (33, 4, 0), (90, 16, 0), (300, 4, 256),
-                                                         (100, 4, 256)])
+@pytest.mark.parametrize("frames, window, dense_up_to", [(5, 1, 0), (32, 4, 0), (33, 4, 0), (90, 16, 0), (90, 32, 0),
+                                                         (100, 40, 0), (300, 4, 256), (100, 4, 256)])
 def test_local_attention_in_blocks_equals_attention_under_the_dense_window_mask(monkeypatch, frames, window,
                                                                                 dense_up_to):
     from asr.model import Block, attention_mask

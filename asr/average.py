@@ -25,12 +25,13 @@ That callback keeps ``save_top_k`` files (5 in configs/default.yaml).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
 
 import torch
+
+from asr.output import write_atomically
 
 MONITOR = "val/wer"  # what --best ranks by; lower is better
 WER_IN_NAME = re.compile(r"wer(\d+(?:\.\d+)?)")  # configs/default.yaml: "epoch{epoch:03d}-wer{val/wer:.4f}"
@@ -133,12 +134,8 @@ def select(folder: Path, last: int = 0, best: int = 0) -> list[Path]:
 
 def save(checkpoint: dict, output: Path) -> None:
     """Write ``checkpoint`` to ``output`` atomically: a temporary file, then a rename."""
-    partial = output.with_name(output.name + ".partial")
-    try:
+    with write_atomically(output) as partial:
         torch.save(checkpoint, partial)
-        os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:

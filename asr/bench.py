@@ -54,6 +54,7 @@ from asr.audio import FeatureConfig, FeatureExtractor
 from asr.data import ASRDataModule, Batch, BucketBatchSampler
 from asr.model import CTCModel
 from asr.module import ASRModule, WarmupCosine, ctc_loss
+from asr.output import write_atomically
 from asr.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -488,9 +489,8 @@ def table(results: dict) -> str:
 def write_json(results: dict, path: Path) -> None:
     """Write-then-rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(results, f, indent=1)
-    os.replace(f.name, path)
+    with write_atomically(path) as partial:
+        partial.write_text(json.dumps(results, indent=1))
 
 
 def profile(settings: Settings, rows: int = 15) -> None:

@@ -12,12 +12,13 @@ strategy and device count:
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from asr.output import write_atomically
 
 METADATA = "meta.pt"  # what Lightning writes beside the shards: everything but weights and optimizer state
 
@@ -34,9 +35,8 @@ def convert(folder: str | Path, output: str | Path) -> Path:
     checkpoint["state_dict"] = merged["state_dict"]
     optimizers = sorted((k for k in merged if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
     checkpoint["optimizer_states"] = [by_parameter_index(merged[k]) for k in optimizers]
-    partial = output.with_name(output.name + ".partial")
-    torch.save(checkpoint, partial)
-    os.replace(partial, output)  # never a half-written checkpoint under the real name
+    with write_atomically(output) as partial:  # never a half-written checkpoint under the real name
+        torch.save(checkpoint, partial)
     return output
 
 

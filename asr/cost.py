@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -41,6 +39,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from asr.audio import num_frames
 from asr.data import Batch
 from asr.model import CTCModel, min_frames
+from asr.output import write_atomically
 
 PEAK_CACHE = Path.home() / ".cache" / "asr" / "peak_flops.json"  # measured CPU peaks, reused across runs
 TRAIN_FLOPS_PER_FORWARD = 3  # forward + backward, which costs twice the forward (grads of inputs and weights)
@@ -194,9 +193,8 @@ def cpu_peak_flops(dtype: str) -> float:
         cache[key] = measure_matmul_flops(TORCH_DTYPES[dtype])
         try:  # write-then-rename, so ranks measuring at once never leave a half-written file
             PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=PEAK_CACHE.parent, delete=False, suffix=".tmp") as f:
-                json.dump(cache, f, indent=1)
-            os.replace(f.name, PEAK_CACHE)
+            with write_atomically(PEAK_CACHE) as partial:
+                partial.write_text(json.dumps(cache, indent=1))
         except OSError as err:
             rank_zero_warn(f"CostMonitor: cannot cache the CPU peak in {PEAK_CACHE} ({err}); measuring each run")
     return cache[key]

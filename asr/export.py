@@ -28,7 +28,6 @@ import argparse
 import base64
 import io
 import json
-import os
 import sys
 import time
 import warnings
@@ -223,23 +222,20 @@ def export(checkpoint: str | Path, output: str | Path) -> Parity:
     Raises RuntimeError (and leaves no ``output``) if the exported model disagrees with the checkpoint.
     """
     from asr.module import ASRModule  # here, not at the top: load() must not need asr.model
+    from asr.output import write_atomically  # nor torchaudio
 
     checkpoint, output = Path(checkpoint), Path(output)
     module = ASRModule.from_checkpoint(checkpoint)
     program = export_program(serving_model(module.model), module.hparams.sample_rate)
     extra = {METADATA_FILE: json.dumps(metadata(module, program, checkpoint), indent=1),
              TOKENIZER_FILE: base64.b64encode(module.tokenizer.serialized).decode("ascii")}
-    partial = output.with_name(output.name + ".partial")
-    try:
+    with write_atomically(output) as partial:  # never a half-written or unchecked file under the real name
         with open(partial, "wb") as f, warnings.catch_warnings():  # a file object: by name it wants .pt2
             warnings.filterwarnings("ignore", "No complete tensor found")  # said of every CPU-only model
             torch.export.save(program, f, extra_files=extra)
         result = parity(module.model.float().eval(), load(partial))
         if not result.ok:
             raise RuntimeError(f"{output}: not written, the export disagrees with {checkpoint}: {result}")
-        os.replace(partial, output)  # never a half-written or unchecked file under the real name
-    finally:
-        partial.unlink(missing_ok=True)
     return result
 
 

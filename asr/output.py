@@ -13,13 +13,19 @@ acoustic onset and release: expect them to lag the sound by up to a few frames.
 Formats: ``jsonl`` (one JSON object per utterance: audio_filepath, duration, text, words,
 and reference when one is given), ``txt`` (the text), ``srt`` and ``vtt`` (subtitle cues
 of at most ``CUE_CHARS`` characters and ``CUE_SECONDS`` seconds, broken at pauses).
+
+Every file asr writes whole (outputs, checkpoints, exports, caches) goes through
+``write_atomically``: it appears under its name complete, or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +39,22 @@ CUE_CHARS = 42  # longest subtitle line, the usual broadcast limit
 CUE_SECONDS = 5.0  # longest subtitle cue
 CUE_PAUSE = 1.0  # a silence this long between words starts a new cue
 FORMATS = ("jsonl", "txt", "srt", "vtt")
+
+
+@contextlib.contextmanager
+def write_atomically(path: str | Path) -> Iterator[Path]:
+    """Yield a new temporary file beside ``path`` to write; when the block ends without an error it is
+    renamed to ``path``, otherwise deleted. A reader, or a resumed run, never sees half a file, and
+    writers racing for one path (ranks caching the same figure) each rename a whole file of their own."""
+    path = Path(path)
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
+    os.close(handle)
+    partial = Path(name)
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -243,9 +265,8 @@ class OutputDir:
     def write(self, result: Result, name: str) -> None:
         target = self.target(name)
         target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(target.name + ".partial")
-        temporary.write_text(render(result, self.kind), encoding="utf-8")
-        os.replace(temporary, target)
+        with write_atomically(target) as partial:
+            partial.write_text(render(result, self.kind), encoding="utf-8")
 
     def close(self) -> None:
         pass

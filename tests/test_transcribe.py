@@ -22,7 +22,7 @@ import torch
 from asr import manifest as mf
 from asr.longform import chunk_starts, stitched
 from asr.module import ASRModule
-from asr.output import Result, Word, score, subtitles, timestamp
+from asr.output import Result, Word, score, subtitles, timestamp, write_atomically
 from asr.tokenizer import BLANK_ID, Tokenizer
 from asr.transcribe import Transcriber, load_model, main
 from conftest import TEXTS
@@ -278,3 +278,17 @@ def test_cli_passes_decoder_options_and_rejects_bad_combinations(checkpoint, cor
     assert "use --output_dir" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--overlap_seconds"):
         main(["--checkpoint", str(checkpoint), audio, "--overlap_seconds", "20"])
+
+
+def test_files_appear_whole_or_not_at_all(tmp_path):
+    """write_atomically, behind every whole file asr writes (outputs, checkpoints, exports, caches)."""
+    target = tmp_path / "out.txt"
+    with write_atomically(target) as partial:
+        partial.write_text("first")
+        assert not target.exists()  # not under its name until the block ends
+    assert target.read_text() == "first"
+    with pytest.raises(RuntimeError), write_atomically(target) as partial:
+        partial.write_text("half")
+        raise RuntimeError("the writer failed")
+    assert target.read_text() == "first"  # the old file stands
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # and no temporary file is left

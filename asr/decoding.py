@@ -85,9 +85,9 @@ class BeamSearch:
             lm_weight: weight of the LM's log10 probability per word, against the acoustic natural-log scores.
             word_score: added per word output (insertion bonus; negative penalises); only used with ``lm``.
         """
-        ctc_decoder = _import_ctc_decoder()
         if beam_size < 1:
             raise ValueError(f"--beam_size must be at least 1, got {beam_size}")
+        ctc_decoder = _import_ctc_decoder()
         pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
         # flashlight wants a "silence" token; sentencepiece has none, and the blank plays no other role here
         self.lm = None if lm is None else WordLM(lm, pieces, lm_weight, word_score)
@@ -161,8 +161,6 @@ class WordLM(_FlashlightLM):
 def make_decoder(tokenizer: Tokenizer, beam_size: int = 1, lm: str | Path | None = None,
                  lm_weight: float = 0.5, word_score: float = 0.0) -> Decoder:
     """greedy when beam_size == 1 and lm is None, else BeamSearch (same arguments, see there)."""
-    if beam_size < 1:
-        raise ValueError(f"--beam_size must be at least 1, got {beam_size}")
     if beam_size == 1 and lm is None:
         return greedy
     return BeamSearch(tokenizer, beam_size, lm, lm_weight, word_score)

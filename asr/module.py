@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import jiwer
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -24,6 +23,7 @@ from asr.audio import FeatureConfig, SpecAugment
 from asr.data import Batch
 from asr.decoding import greedy
 from asr.model import CTCModel, EncoderConfig
+from asr.output import score
 from asr.tokenizer import BLANK_ID, Tokenizer
 
 
@@ -219,13 +219,12 @@ def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tenso
 
 
 def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:
-    """[word errors, reference words, char errors, reference chars] for a batch, by jiwer."""
-    words = jiwer.process_words(references, hypotheses)
-    chars = jiwer.process_characters(references, hypotheses)
-    return torch.tensor([
-        words.substitutions + words.deletions + words.insertions, words.hits + words.substitutions + words.deletions,
-        chars.substitutions + chars.deletions + chars.insertions, chars.hits + chars.substitutions + chars.deletions,
-    ], dtype=torch.float64)
+    """[word errors, reference words, char errors, reference chars] for a batch (asr.output.score, jiwer)."""
+    counts = score(references, hypotheses)
+    words, chars = counts["words"], counts["chars"]
+    return torch.tensor([words["substitutions"] + words["deletions"] + words["insertions"], words["n"],
+                         chars["substitutions"] + chars["deletions"] + chars["insertions"], chars["n"]],
+                        dtype=torch.float64)
 
 
 class WarmupCosine:

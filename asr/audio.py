@@ -42,14 +42,18 @@ def load_audio(path: str | Path, offset: float = 0.0, duration: float | None = N
     try:
         with soundfile.SoundFile(str(path)) as f:
             rate = f.samplerate
-            f.seek(int(round(offset * rate)))
-            frames = -1 if duration is None else int(round(duration * rate))
-            data = f.read(frames, dtype="float32", always_2d=True)  # (n, channels)
+            samples = read_mono(f, int(round(offset * rate)), -1 if duration is None else int(round(duration * rate)))
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
         raise AudioError(f"{path}: cannot read audio ({err})") from err
-    if data.shape[0] == 0:
+    if samples.shape[0] == 0:
         raise AudioError(f"{path}: no audio samples (empty file or offset past the end)")
-    return data.mean(axis=1), rate
+    return samples, rate
+
+
+def read_mono(f: soundfile.SoundFile, start: int, frames: int) -> np.ndarray:
+    """``frames`` samples (-1: to the end) of the open file ``f`` from sample ``start``, mixed to mono: (n,) float32."""
+    f.seek(start)
+    return f.read(frames, dtype="float32", always_2d=True).mean(axis=1)  # (n, channels) -> (n,)
 
 
 def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:

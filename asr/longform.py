@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 import soundfile
 import torch
 
-from asr.audio import AudioError, resample
+from asr.audio import AudioError, read_mono, resample
 from asr.manifest import Utterance
 from asr.tokenizer import BLANK_ID
 
@@ -60,9 +60,8 @@ def read_chunk(f: soundfile.SoundFile, first: int, count: int, base: int, sample
     """``count`` samples at ``sample_rate`` starting ``first`` samples after file sample ``base``,
     read from ``f`` (at its own rate), mixed to mono and resampled: (n,) float32."""
     rate = f.samplerate
-    f.seek(base + round(first * rate / sample_rate))
-    data = f.read(round(count * rate / sample_rate), dtype="float32", always_2d=True)  # (n, channels)
-    return resample(torch.from_numpy(data.mean(axis=1)), rate, sample_rate)
+    samples = read_mono(f, base + round(first * rate / sample_rate), round(count * rate / sample_rate))
+    return resample(torch.from_numpy(samples), rate, sample_rate)
 
 
 def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float, batch_chunks: int,

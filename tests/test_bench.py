@@ -128,3 +128,19 @@ def test_scaling_script_prints_every_configuration_and_ratio():
                           "bf16-mixed speed-up over 32-true", "bf16-true speed-up over 32-true",
                           "DDP 2 processes: throughput / 1 process"]
     assert all(re.fullmatch(r"-?\d+(\.\d+)?(x|%)? \(.+\)|-?\d+%", value) for value in rows.values()), rows
+
+
+@pytest.mark.parametrize("precision, keep_gradients", [("32-true", False), ("bf16-true", True)])
+def test_plain_step_trains_in_its_precision_and_frees_or_zeroes_gradients(precision, keep_gradients):
+    module = bench.build_module("tiny", Tokenizer.train(["a b c"]))
+    batch = Batch(0.1 * torch.randn(2, 16000), torch.tensor([16000, 12000]), torch.ones(2, 3, dtype=torch.long),
+                  torch.tensor([3, 2]), ["a", "b"])
+    before = [p.detach().float().clone() for p in module.parameters()]
+    bench.plain_step(module, precision, total_steps=10, keep_gradients=keep_gradients)(batch)
+    params = list(module.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16 if precision == "bf16-true" else torch.float32}
+    assert any(not torch.equal(p.detach().float(), b) for p, b in zip(params, before))  # the optimizer stepped
+    if keep_gradients:  # memory measurements: gradient buffers stay allocated, zeroed
+        assert all(p.grad is not None and not p.grad.any() for p in params)
+    else:  # as Lightning: freed after the step
+        assert all(p.grad is None for p in params)

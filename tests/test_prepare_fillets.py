@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import soundfile
 
 from asr.manifest import parse_manifest
+from tests.conftest import sine
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "prepare_fillets.py"
@@ -80,3 +82,46 @@ def test_documented_command_splits_the_real_czech_speech_by_level(tmp_path):
     assert not texts["test"] & (texts["train"] | texts["dev"]) and not texts["dev"] & texts["train"]
     total = sum(seconds.values())
     assert total > 3600 and all(0.08 < seconds[s] / total < 0.2 for s in ("dev", "test"))
+
+
+def fake_game(root: Path) -> Path:
+    """Five levels of two clips each, 22.05 kHz Ogg Vorbis, plus one clip/line of every kind that is skipped."""
+    for number in range(5):
+        level = root / "script" / f"level{number}"
+        level.mkdir(parents=True)
+        word = ["jedna", "dva", "t\u0159i", "\u010dty\u0159i", "p\u011bt"][number]
+        lines = [f'dialogId("l{number}-a", "font_big", "One.")\ndialogStr("Ryba \u010d\u00edslo {word}.")',
+                 f'dialogId("l{number}-b", "font_small", "Two.")\ndialogStr("Stejn\u00e1 v\u011bta.")']
+        if number == 0:
+            lines += ['dialogId("l0-cas", "font_big", "")\ndialogStr("Je %1 hodin.")',
+                      'dialogId("l0-cislo", "font_big", "")\ndialogStr("Verze 2.")',
+                      'dialogId("l0-ticho", "font_big", "")\ndialogStr("Ticho bez zvuku.")']
+        (level / "dialogs_cs.lua").write_text("\n\n".join(lines) + "\n", encoding="utf-8")
+        for clip in [f"l{number}-a", f"l{number}-b"] + (["l0-cas", "l0-cislo", "l0-nikdo"] if number == 0 else []):
+            path = root / "sound" / f"level{number}" / "cs" / f"{clip}.ogg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            soundfile.write(path, sine(1.0 + number / 10, 22050), 22050, format="OGG", subtype="VORBIS")
+    return root
+
+
+def test_a_small_game_tree_is_split_deduplicated_counted_and_converted(tmp_path, fillets, capsys):
+    root, out = fake_game(tmp_path / "game"), tmp_path / "out"
+    fillets.main([str(out), "--root", str(root), "--held-out", "0.2", "--convert"])
+    printed = capsys.readouterr().out
+    for reason in ["1 template text", "1 text with digits", "1 transcript with no clip", "1 clip with no transcript"]:
+        assert reason in printed
+    splits = json.loads((out / "splits.json").read_text())
+    assert sorted(sum((splits[s] for s in ("train", "dev", "test")), [])) == [f"level{n}" for n in range(5)]
+    rows = {s: [json.loads(line) for line in (out / f"{s}.jsonl").read_text().splitlines()] for s in splits if s != "seed"}
+    for split, split_rows in rows.items():
+        assert {row["audio_filepath"].split("/")[1] for row in split_rows} <= set(splits[split])
+    same = "stejn\u00e1 v\u011bta"  # a sentence of every level: only test keeps it (once per test level)
+    copies = {split: sum(row["text"] == same for row in split_rows) for split, split_rows in rows.items()}
+    assert copies == {"test": len(splits["test"]), "dev": 0, "train": 0}
+    assert sum(int(n) for n in re.findall(r"(\d+) sentence repeated", printed)) == 5 - copies["test"]
+    assert sum(map(len, rows.values())) == 5 + copies["test"]
+    first = rows["test"][0]
+    assert first["audio_filepath"].startswith("audio/level") and first["audio_filepath"].endswith(".flac")
+    info = soundfile.info(out / first["audio_filepath"])
+    assert (info.samplerate, info.channels) == (16000, 1)
+    assert info.duration == pytest.approx(first["duration"], abs=0.01)

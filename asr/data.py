@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Literal, NamedTuple
 
 import pytorch_lightning as pl
@@ -19,6 +19,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr import manifest as mf
+from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.audio import load_audio, num_frames, resample
 from asr.model import subsampled_lengths
 from asr.tokenizer import UNK_ID, Tokenizer
@@ -37,12 +38,14 @@ class ASRDataset(Dataset):
 
     ``speed_perturb``: each load picks one of these factors at random and plays the audio
     that much faster (1.1: 10% shorter, pitch up), a cheap augmentation (Ko et al., 2015).
+    ``augment`` (asr.augment, training only) then changes voice, room, noise, channel and level.
     """
 
     def __init__(self, utterances: list[mf.Utterance], tokens: list[list[int]], sample_rate: int,
                  speed_perturb: tuple[float, ...] = (1.0,)):
         self.utterances, self.tokens, self.sample_rate = utterances, tokens, sample_rate
         self.speed_perturb = speed_perturb
+        self.augment: Augmenter | None = None
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -54,7 +57,8 @@ class ASRDataset(Dataset):
         except ValueError as err:
             raise ValueError(f"{utt.source}: {err}") from err
         speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
-        return resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
+        wave = resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
+        return self.augment(wave) if self.augment else wave
 
     def __getitem__(self, indices: list[int]) -> Batch:
         audio = [self.load(i) for i in indices]
@@ -184,6 +188,20 @@ class ASRDataModule(pl.LightningDataModule):
         num_workers: int = 1,
         seed: int = 0,
         subsampling: int = 4,
+        pitch_prob: float = Augmentation.pitch_prob,
+        pitch_semitones: tuple[float, float] = Augmentation.pitch_semitones,
+        tempo_prob: float = Augmentation.tempo_prob,
+        tempo_factors: tuple[float, float] = Augmentation.tempo_factors,
+        noise_prob: float = Augmentation.noise_prob,
+        noise_snr_db: tuple[float, float] = Augmentation.noise_snr_db,
+        noise_kinds: tuple[NoiseKind, ...] = Augmentation.noise_kinds,
+        babble_voices: tuple[int, int] = Augmentation.babble_voices,
+        reverb_prob: float = Augmentation.reverb_prob,
+        reverb_rt60: tuple[float, float] = Augmentation.reverb_rt60,
+        gain_prob: float = Augmentation.gain_prob,
+        gain_db: tuple[float, float] = Augmentation.gain_db,
+        telephone_prob: float = Augmentation.telephone_prob,
+        telephone_8khz: bool = Augmentation.telephone_8khz,
     ):
         """
         Args:
@@ -195,7 +213,7 @@ class ASRDataModule(pl.LightningDataModule):
             tokenizer_model: a sentencepiece .model to use; null trains one on the training text.
             tokenizer_type: sentencepiece model type when training one: char, unigram or bpe.
             tokenizer_vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
-            max_batch_seconds: a batch holds at most this many seconds of padded audio (before speed_perturb).
+            max_batch_seconds: a batch holds at most this many seconds of padded audio (before speed_perturb, tempo).
             speed_perturb: training audio is played at a random one of these speeds, e.g. [0.9, 1.0, 1.1].
             shuffle: new training batches in random order each epoch; false keeps them sorted by length.
             min_duration: utterances shorter than this (seconds) are bad lines.
@@ -204,11 +222,26 @@ class ASRDataModule(pl.LightningDataModule):
             num_workers: DataLoader worker processes that read and resample audio.
             seed: seed of the batch order (with the epoch number).
             subsampling: the model's frame subsampling, linked from model.subsampling (CTC feasibility).
+            pitch_prob: probability that a training utterance's pitch is shifted (asr.augment; 0 = off).
+            pitch_semitones: [low, high] semitones of the pitch shift, drawn uniformly.
+            tempo_prob: probability that a training utterance is played faster or slower at the same pitch.
+            tempo_factors: [low, high] tempo factor (1.1: 10% shorter); CTC feasibility is checked at the highest.
+            noise_prob: probability that noise is added to a training utterance.
+            noise_snr_db: [low, high] signal-to-noise ratio of the added noise in dB.
+            noise_kinds: noise drawn from: white, pink (1/f), babble (a sum of other training utterances).
+            babble_voices: [low, high] number of training utterances summed into babble noise.
+            reverb_prob: probability of reverberation by a synthetic room impulse response.
+            reverb_rt60: [low, high] RT60 of the room in seconds (time for the echo to fall 60 dB).
+            gain_prob: probability of a random level change.
+            gain_db: [low, high] gain in dB.
+            telephone_prob: probability of a telephone channel: 300-3400 Hz band and 8-bit mu-law.
+            telephone_8khz: the telephone channel also resamples to 8 kHz and back.
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
         self.save_hyperparameters()
+        self.augmentation = Augmentation.from_settings(self.hparams)
         self.datasets: dict[str, ASRDataset] = {}
 
     @cached_property
@@ -232,19 +265,25 @@ class ASRDataModule(pl.LightningDataModule):
         for split in splits:
             path = hp[f"{split}_manifest"]
             if split not in self.datasets and path:
-                speeds = tuple(hp.speed_perturb) if split == "train" else (1.0,)
-                self.datasets[split] = self.load_split(path, speeds)
+                train = split == "train"
+                speeds = tuple(hp.speed_perturb) if train else (1.0,)
+                self.datasets[split] = self.load_split(path, speeds, self.augmentation if train else Augmentation())
 
-    def load_split(self, path: str, speed_perturb: tuple[float, ...] = (1.0,)) -> ASRDataset:
-        """Parse and check every line of ``path``; bad lines stop the run or are skipped (on_bad_line)."""
+    def load_split(self, path: str, speed_perturb: tuple[float, ...] = (1.0,),
+                   augmentation: Augmentation = Augmentation()) -> ASRDataset:
+        """Parse and check every line of ``path``; bad lines stop the run or are skipped (on_bad_line).
+
+        ``augmentation`` (training only) is applied on loading; babble noise draws from the same utterances.
+        """
         hp = self.hparams
         utterances, problems = mf.parse_manifest(path)
         total = len(utterances) + len(problems)
         good, tokens, notes = [], [], []
+        fastest = max(speed_perturb) * augmentation.fastest
         for utt in utterances:
             checked, note = mf.check_audio(utt, hp.sample_rate, hp.resample)
             ids = self.tokenizer.encode(checked.text) if isinstance(checked, mf.Utterance) else []
-            problem = checked if isinstance(checked, mf.Problem) else self.check_utterance(checked, ids, max(speed_perturb))
+            problem = checked if isinstance(checked, mf.Problem) else self.check_utterance(checked, ids, fastest)
             if problem:
                 problems.append(problem)
             else:
@@ -255,7 +294,11 @@ class ASRDataModule(pl.LightningDataModule):
         mf.say_notes(notes, path, hp.sample_rate)
         if not good:
             raise mf.ManifestError(f"{path}: no usable utterance")
-        return ASRDataset(good, tokens, hp.sample_rate, speed_perturb)
+        dataset = ASRDataset(good, tokens, hp.sample_rate, speed_perturb)
+        if augmentation.on:
+            voices = partial(random_voice, ASRDataset(good, tokens, hp.sample_rate))  # unaugmented, at speed 1
+            dataset.augment = Augmenter(augmentation, hp.sample_rate, voices)
+        return dataset
 
     def check_utterance(self, utt: mf.Utterance, ids: list[int], fastest: float = 1.0) -> mf.Problem | None:
         """Duration bounds, text the tokenizer knows, and enough encoder frames for CTC at speed ``fastest``."""

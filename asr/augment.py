@@ -1,0 +1,229 @@
+"""Waveform augmentation in the data workers: voices, rooms and channels the training set lacks.
+
+Each effect is a plain function of a (n,) float32 waveform at ``sample_rate`` Hz. ``Augmenter``
+applies the ones switched on in an ``Augmentation`` (each with its probability and a range to draw
+from), in the order a recording happens: speaker (tempo, pitch), room (reverb), noise, channel
+(telephone band), level (gain). ``ASRDataset.load`` calls it on training audio only; validation and
+test are never augmented. Every draw comes from one ``torch.Generator``, so a seed fixes the result.
+
+    python -m asr.fit --data.noise_prob 0.5 --data.reverb_prob 0.3 --data.telephone_prob 0.2
+    python scripts/bench_augment.py        # the added CPU cost per second of audio, per effect
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, get_args
+
+import torch
+import torchaudio.functional as AF
+
+from asr.audio import resample
+
+if TYPE_CHECKING:
+    from asr.data import ASRDataset
+
+NoiseKind = Literal["white", "pink", "babble"]
+STRETCH_WINDOW_SECONDS = 0.032  # phase-vocoder STFT window (n_fft rounds up to a power of two)
+PITCH_RATE_STEPS = 160  # pitch factors snap to multiples of 1/160 of the rate (100 Hz at 16 kHz): a cheap resampler
+TELEPHONE_RATE = 8000  # Hz of the telephone network (G.711)
+TELEPHONE_BAND = (300.0, 3400.0)  # Hz passed by a telephone channel
+MU_LAW_CHANNELS = 256  # 8-bit mu-law
+DECAY_DB = 60.0  # RT60: the time the reverberant energy takes to fall by 60 dB
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """Which effects apply to training audio, how often (``*_prob``, 0 = off) and over what range.
+
+    ASRDataModule owns the user-facing settings of the same names (``--data.noise_prob`` ...);
+    the defaults here are those settings' defaults: everything off.
+    """
+
+    pitch_prob: float = 0.0
+    pitch_semitones: tuple[float, float] = (-2.0, 2.0)
+    tempo_prob: float = 0.0
+    tempo_factors: tuple[float, float] = (0.9, 1.1)
+    noise_prob: float = 0.0
+    noise_snr_db: tuple[float, float] = (5.0, 30.0)
+    noise_kinds: tuple[NoiseKind, ...] = ("white", "pink", "babble")
+    babble_voices: tuple[int, int] = (3, 6)
+    reverb_prob: float = 0.0
+    reverb_rt60: tuple[float, float] = (0.2, 0.8)
+    gain_prob: float = 0.0
+    gain_db: tuple[float, float] = (-6.0, 6.0)
+    telephone_prob: float = 0.0
+    telephone_8khz: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Mapping) -> Augmentation:
+        """The checked settings of our field names from ``settings`` (ASRDataModule's hparams); lists become tuples."""
+        values = {f.name: settings[f.name] for f in fields(cls)}
+        augmentation = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        augmentation.check()
+        return augmentation
+
+    @property
+    def fastest(self) -> float:
+        """The largest factor by which tempo can shorten an utterance (for the CTC feasibility check)."""
+        return max(self.tempo_factors) if self.tempo_prob else 1.0
+
+    @property
+    def on(self) -> bool:
+        return any(getattr(self, f.name) > 0 for f in fields(self) if f.name.endswith("_prob"))
+
+    def check(self) -> None:
+        """ValueError naming the setting (``data.<name>``) that is out of range."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_prob") and not 0.0 <= value <= 1.0:
+                raise ValueError(f"data.{f.name} must be a probability in [0, 1], got {value}")
+            if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[0], str) and value[0] > value[1]:
+                raise ValueError(f"data.{f.name} must be [low, high] with low <= high, got {list(value)}")
+        if not self.noise_kinds or not set(self.noise_kinds) <= set(get_args(NoiseKind)):
+            kinds = ", ".join(get_args(NoiseKind))
+            raise ValueError(f"data.noise_kinds must be a non-empty list of {kinds}, got {list(self.noise_kinds)}")
+        if min(self.tempo_factors) <= 0 or min(self.reverb_rt60) <= 0 or min(self.babble_voices) < 1:
+            raise ValueError("data.tempo_factors and data.reverb_rt60 must be positive, data.babble_voices at least 1")
+
+
+def uniform(generator: torch.Generator, low: float, high: float) -> float:
+    return low + (high - low) * float(torch.rand((), generator=generator))
+
+
+def happens(prob: float, generator: torch.Generator) -> bool:
+    """True with probability ``prob``; draws nothing when ``prob`` is 0, so an effect switched off changes no draw."""
+    return prob > 0 and float(torch.rand((), generator=generator)) < prob
+
+
+def rms(wave: torch.Tensor) -> torch.Tensor:
+    return wave.pow(2).mean().sqrt()
+
+
+def stretch(wave: torch.Tensor, sample_rate: int, factor: float) -> torch.Tensor:
+    """Play (n,) audio ``factor`` times faster at the same pitch (phase vocoder): (round(n / factor),)."""
+    n_fft = 2 ** math.ceil(math.log2(STRETCH_WINDOW_SECONDS * sample_rate))
+    hop = n_fft // 4
+    window = torch.hann_window(n_fft)
+    spec = torch.stft(wave, n_fft, hop, window=window, return_complex=True)  # (bins, frames)
+    phase_advance = torch.linspace(0, math.pi * hop, spec.shape[0])[:, None]  # expected phase turn per hop, per bin
+    stretched = AF.phase_vocoder(spec, factor, phase_advance)
+    return torch.istft(stretched, n_fft, hop, window=window, length=round(wave.shape[0] / factor))
+
+
+def shift_pitch(wave: torch.Tensor, sample_rate: int, semitones: float) -> torch.Tensor:
+    """Raise (n,) audio by ``semitones`` (snapped to 1/PITCH_RATE_STEPS of the rate), same length and tempo."""
+    step = sample_rate // PITCH_RATE_STEPS
+    played_at = round(sample_rate * 2 ** (semitones / 12) / step) * step  # Hz; kept a multiple of step: small kernel
+    longer = stretch(wave, sample_rate, sample_rate / played_at)  # n * played_at / sample_rate samples
+    return resample(longer, played_at, sample_rate)[: wave.shape[0]]  # every frequency times played_at / rate
+
+
+def white_noise(length: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(length, generator=generator)
+
+
+def pink_noise(length: int, generator: torch.Generator) -> torch.Tensor:
+    """(length,) noise whose power falls as 1/f (equal energy per octave)."""
+    spectrum = torch.fft.rfft(torch.randn(length, generator=generator))
+    freqs = torch.arange(spectrum.shape[0], dtype=torch.float32).clamp(min=1.0)
+    return torch.fft.irfft(spectrum / freqs.sqrt(), n=length)
+
+
+def babble(length: int, voices: list[torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+    """(length,) sum of ``voices`` at equal level, each looped and started at a random point."""
+    total = torch.zeros(length)
+    for voice in voices:
+        start = int(torch.randint(voice.shape[0], (), generator=generator))
+        looped = voice.roll(-start).repeat(math.ceil(length / voice.shape[0]))[:length]
+        total += looped / rms(looped).clamp(min=1e-8)
+    return total
+
+
+def add_noise(wave: torch.Tensor, noise: torch.Tensor, snr_db: float) -> torch.Tensor:
+    """``wave`` plus ``noise`` (same shape) scaled so that 10 log10(P_wave / P_noise) = ``snr_db``."""
+    scale = rms(wave) / rms(noise).clamp(min=1e-8) * 10 ** (-snr_db / 20)
+    return wave + scale * noise
+
+
+def room_impulse_response(sample_rate: int, rt60: float, generator: torch.Generator) -> torch.Tensor:
+    """A synthetic RIR of ``rt60`` seconds: a direct path, then noise whose energy falls 60 dB by ``rt60``."""
+    t = torch.arange(int(rt60 * sample_rate)) / sample_rate
+    tail = torch.randn(t.shape[0], generator=generator) * 10 ** (-DECAY_DB / 20 * t / rt60)  # amplitude decay
+    tail[0] = 0.0
+    rir = tail * 0.5 / rms(tail).clamp(min=1e-8) / math.sqrt(t.shape[0])  # the tail carries ~1/4 of the direct energy
+    rir[0] = 1.0
+    return rir
+
+
+def reverberate(wave: torch.Tensor, rir: torch.Tensor) -> torch.Tensor:
+    """(n,) audio convolved with ``rir``, cut to n samples and brought back to the input's RMS level."""
+    wet = AF.fftconvolve(wave, rir)[: wave.shape[0]]
+    return wet * rms(wave) / rms(wet).clamp(min=1e-8)
+
+
+def band_limit(wave: torch.Tensor, sample_rate: int, low: float, high: float) -> torch.Tensor:
+    """(n,) audio with every frequency outside [low, high] Hz removed (a brick-wall FFT mask)."""
+    spectrum = torch.fft.rfft(wave)
+    freqs = torch.fft.rfftfreq(wave.shape[0], 1 / sample_rate)
+    return torch.fft.irfft(spectrum * ((freqs >= low) & (freqs <= high)), n=wave.shape[0])
+
+
+def telephone(wave: torch.Tensor, sample_rate: int, via_8khz: bool = True) -> torch.Tensor:
+    """A telephone channel: (optionally) down to 8 kHz, 300-3400 Hz band, 8-bit mu-law round trip, back up."""
+    rate = TELEPHONE_RATE if via_8khz and sample_rate > TELEPHONE_RATE else sample_rate
+    narrow = band_limit(resample(wave, sample_rate, rate), rate, *TELEPHONE_BAND)
+    peak = narrow.abs().max().clamp(min=1e-8)  # mu-law codes [-1, 1]; the line level is set to fit
+    coded = AF.mu_law_decoding(AF.mu_law_encoding(narrow / peak, MU_LAW_CHANNELS), MU_LAW_CHANNELS) * peak
+    return resample(coded, rate, sample_rate)[: wave.shape[0]]
+
+
+def gain(wave: torch.Tensor, db: float) -> torch.Tensor:
+    return wave * 10 ** (db / 20)
+
+
+def random_voice(dataset: ASRDataset, generator: torch.Generator) -> torch.Tensor:
+    """One utterance of ``dataset`` drawn by ``generator``, as loaded: the babble source (pass an unaugmented set)."""
+    return dataset.load(int(torch.randint(len(dataset), (), generator=generator)))
+
+
+class Augmenter:
+    """Applies an ``Augmentation`` to (n,) float32 training waveforms at ``sample_rate`` Hz.
+
+    ``voices(generator)`` returns one other, unaugmented training utterance (for babble noise);
+    without it babble is never drawn. Output length equals input length except under tempo.
+    """
+
+    def __init__(self, settings: Augmentation, sample_rate: int,
+                 voices: Callable[[torch.Generator], torch.Tensor] | None = None):
+        settings.check()
+        self.settings, self.sample_rate, self.voices = settings, sample_rate, voices
+
+    def __call__(self, wave: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``generator`` fixes every draw; by default one is seeded from torch's (per-worker) global RNG."""
+        s, rate = self.settings, self.sample_rate
+        g = generator or torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+        if happens(s.tempo_prob, g):
+            wave = stretch(wave, rate, uniform(g, *s.tempo_factors))
+        if happens(s.pitch_prob, g):
+            wave = shift_pitch(wave, rate, uniform(g, *s.pitch_semitones))
+        if happens(s.reverb_prob, g):
+            wave = reverberate(wave, room_impulse_response(rate, uniform(g, *s.reverb_rt60), g))
+        if happens(s.noise_prob, g):
+            wave = add_noise(wave, self.noise(wave.shape[0], g), uniform(g, *s.noise_snr_db))
+        if happens(s.telephone_prob, g):
+            wave = telephone(wave, rate, s.telephone_8khz)
+        if happens(s.gain_prob, g):
+            wave = gain(wave, uniform(g, *s.gain_db))
+        return wave.float()
+
+    def noise(self, length: int, g: torch.Generator) -> torch.Tensor:
+        """(length,) noise of a kind drawn from ``noise_kinds`` (babble only with ``voices``)."""
+        kinds = [k for k in self.settings.noise_kinds if k != "babble" or self.voices is not None]
+        kind = kinds[int(torch.randint(len(kinds), (), generator=g))] if kinds else "white"
+        if kind == "babble":
+            low, high = self.settings.babble_voices
+            count = int(torch.randint(low, high + 1, (), generator=g))
+            return babble(length, [self.voices(g) for _ in range(count)], g)
+        return (white_noise if kind == "white" else pink_noise)(length, g)

@@ -112,6 +112,15 @@ def test_audio_shorter_than_a_window_gives_its_frames_alone_and_in_a_batch(sampl
     torch.testing.assert_close(batch_out[0, :n], alone_out[0, :n], atol=1e-4, rtol=1e-4)
 
 
+def test_a_training_batch_of_audio_shorter_than_a_window_runs_forward_and_backward(tiny_model):
+    """SpecAugment and the masks see zero frames; gradients stay finite."""
+    model = tiny_model(dropout=0.1).train()
+    log_probs, lengths = model(torch.randn(2, 100) * 0.1, torch.tensor([100, 37]))
+    log_probs.sum().backward()
+    assert lengths.tolist() == [0, 0] and torch.isfinite(log_probs).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def test_features_ignore_whatever_lies_beyond_the_length(waveforms):
     audio, lengths = waveforms(1.0, 0.6)
     noisy = audio.clone()

@@ -23,11 +23,17 @@ Resuming (a folder of many hours that was interrupted: run the same command agai
   manifest it came from (a single file: its name), with the format's suffix (.json, .txt,
   .srt, .vtt). Each is written to a temporary file and renamed, so a file that exists is
   complete: an input whose output exists is skipped.
-- ``--output FILE.jsonl``: one line per utterance, appended and flushed as each is done.
-  An utterance (audio_filepath, offset) already in the file is skipped; a last line without
-  its newline (torn by the interruption) is dropped and redone.
+- ``--output FILE.jsonl``: one line per input, appended and flushed as each is done.
+  An utterance (audio_filepath, offset) already in the file without an error is skipped; a
+  last line without its newline (torn by the interruption) is dropped and redone.
 The number skipped is printed. WER/CER cover the references of this run and, with
 ``--output``, of the lines already in the file; the real-time factor covers this run only.
+
+Bad inputs (missing, empty, non-audio or corrupt files, unusable folders, manifest lines that
+are not an utterance; a manifest needs only ``audio_filepath``) are each named on one line of
+stderr and, with ``--output``, in a row with an ``error`` field; the others are transcribed
+(``--on_error stop``: the first ends the run). The exit code is EXIT_CODES. The Python API
+gives a failed file a Result with ``error`` set, or raises TranscriptionError if asked to.
 
 The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """

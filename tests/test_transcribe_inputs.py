@@ -9,6 +9,7 @@ mixed, through the CLI (``main``, once as a real subprocess) and through the Pyt
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +196,26 @@ def test_bad_checkpoints_and_flags_are_one_line_and_exit_2(checkpoint, inputs, t
     with pytest.raises(SystemExit) as exit_:
         main(["--checkpoint", str(checkpoint), audio, "--no_such_flag"])
     assert exit_.value.code == 2 and "unrecognized arguments: --no_such_flag" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and "exit codes:\n  0  every input" in capsys.readouterr().out
+
+
+def test_a_folder_that_cannot_be_read_is_named_and_the_rest_is_transcribed(checkpoint, inputs, monkeypatch, capsys):
+    """As root, chmod cannot make a folder unreadable: the listing refuses it as the OS would."""
+    locked = inputs["audio"] / "locked"
+    locked.mkdir()
+    scandir = os.scandir
+
+    def refusing(path="."):
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    code, printed, err = run(checkpoint, str(inputs["audio"]), capsys=capsys)
+    assert code == 1 and f"{locked}: unreadable folder: Permission denied" in err.splitlines()
+    assert len([line for line in printed.splitlines() if "\t" in line]) == len(ODD)
 
 
 def test_the_documented_command_exits_with_its_code_and_no_traceback(checkpoint, inputs):

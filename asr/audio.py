@@ -51,6 +51,14 @@ def load_audio(path: str | Path, offset: float = 0.0, duration: float | None = N
     return samples, rate
 
 
+def check_finite(samples: np.ndarray | torch.Tensor, name: str) -> None:
+    """Raise AudioError naming ``name`` if any sample is NaN or infinite (a corrupt float file):
+    the model would turn them into a transcript of nothing, silently."""
+    bad = int((~np.isfinite(samples)).sum()) if isinstance(samples, np.ndarray) else int((~samples.isfinite()).sum())
+    if bad:
+        raise AudioError(f"{name}: NaN or infinite values in {bad} samples")
+
+
 def read_mono(f: soundfile.SoundFile, start: int, frames: int) -> np.ndarray:
     """``frames`` samples (-1: to the end) of the open file ``f`` from sample ``start``, mixed to mono: (n,) float32."""
     f.seek(start)

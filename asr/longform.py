@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 import soundfile
 import torch
 
-from asr.audio import AudioError, read_mono, resample
+from asr.audio import AudioError, check_finite, read_mono, resample
 from asr.manifest import Utterance
 from asr.tokenizer import BLANK_ID
 
@@ -89,6 +89,8 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
                 audio = [read_chunk(f, s * step, min(chunk * step, total - s * step), base, rate) for s in batch]
             except (soundfile.LibsndfileError, RuntimeError, OSError) as err:  # corrupt or truncated data
                 raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+            for a in audio:
+                check_finite(a, utt.source)
             lengths = torch.tensor([len(a) for a in audio])
             log_probs, out_lengths = model.log_probs(torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths)
             for i, start in enumerate(batch):

@@ -105,7 +105,9 @@ def _parse_line(line: str, manifest: Path, source: str, required: tuple[str, ...
     try:
         duration, offset = float(entry.get("duration", math.inf)), float(entry.get("offset", 0.0))
     except (TypeError, ValueError):
-        detail = f"duration {entry.get('duration')!r} / offset {entry.get('offset')!r}"
+        duration = offset = math.nan
+    if not (0 <= offset < math.inf and 0 <= duration and ("duration" not in entry or duration < math.inf)):
+        detail = f"duration {entry.get('duration')!r} / offset {entry.get('offset')!r}: seconds, 0 or more"
         return Problem(source, "bad number", detail, audio)
     if not audio.is_file():
         return Problem(source, "missing audio file", str(audio), audio)

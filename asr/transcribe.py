@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from asr import export
 from asr import manifest as mf
-from asr.audio import HOP_SECONDS, AudioError, load_audio, resample
+from asr.audio import HOP_SECONDS, AudioError, check_finite, load_audio, resample
 from asr.data import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
 from asr.inputs import collect
@@ -241,6 +241,7 @@ class Transcriber:
         """The utterance's samples at the model's rate (n,) float32, or a failed Result naming it."""
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+            check_finite(samples, str(utt.audio_filepath))
         except AudioError as err:  # load_audio's message names the file; a manifest line adds FILE:LINE
             return failed(utt, str(err) if utt.source == str(utt.audio_filepath) else f"{utt.source}: {err}")
         return resample(torch.from_numpy(samples), rate, self.sample_rate)

@@ -55,12 +55,17 @@ BAD = {
     "truncated.flac": (mangled(1.0, truncate), "truncated.flac: cannot read audio"),
     "corrupt.flac": (mangled(1.0, corrupt), "corrupt.flac: cannot read audio"),
     "corrupt_long.flac": (mangled(5.0, corrupt), "corrupt_long.flac: cannot read audio"),  # the chunked path
+    "nan.wav": (lambda p: soundfile.write(p, np.full(8000, np.nan, np.float32), 16000, subtype="FLOAT"),
+                "nan.wav: NaN or infinite values in 8000 samples"),
+    "nan_long.wav": (lambda p: soundfile.write(p, np.r_[sine(3.0, 16000), np.nan, sine(2.0, 16000)].astype(np.float32),
+                                               16000, subtype="FLOAT"), "nan_long.wav: NaN or infinite values in 1 samples"),
 }
 BAD_LINES = [  # (manifest line, message)
     ({"audio_filepath": "audio/missing.flac", "text": "call nine"}, "m.jsonl:2: missing audio file"),
     ("{not json", "m.jsonl:3: malformed json"),
     ({"text": "call nine"}, "m.jsonl:4: missing key: no audio_filepath"),
     ({"audio_filepath": "audio/plain.flac", "offset": 9.0}, "m.jsonl:5: empty audio"),
+    ({"audio_filepath": "audio/plain.flac", "offset": -1}, "m.jsonl:6: bad number"),
 ]
 GOOD_LINES = [  # a reference, none, no duration: all fine for transcription
     {"audio_filepath": "audio/plain.flac", "duration": 1.0, "text": "call five two nine"},
@@ -129,7 +134,7 @@ def test_each_bad_input_is_one_line_and_one_error_row_and_the_good_ones_are_tran
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == inputs["good"] + len(inputs["bad"])  # one row per input, in input order:
     names = [row["audio_filepath"] and Path(row["audio_filepath"]).name for row in rows]
-    lines = ["plain.flac", "missing.flac", None, None, "plain.flac", "stereo.flac"]  # m.jsonl
+    lines = ["plain.flac", "missing.flac", None, None, "plain.flac", "plain.flac", "stereo.flac"]  # m.jsonl
     assert names == sorted([*ODD, *BAD]) + lines + ["nope.wav", "no_audio"]
     errors = [row["error"] for row in rows if "error" in row]
     assert len(errors) == len(inputs["bad"])

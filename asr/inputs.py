@@ -1,4 +1,5 @@
-"""What a user asks asr.transcribe to transcribe -> utterances, with a Problem for anything unusable.
+"""What a user asks asr.transcribe to transcribe -> utterances, with a Problem for anything unusable,
+and what becomes of each input: a Result, in input order, a failed one for each Problem.
 
 Inputs are audio files, folders (every audio file below them) and JSON-lines manifests, which
 need only ``audio_filepath`` (asr.manifest.TRANSCRIPTION_KEYS). Each unusable thing (a path
@@ -10,9 +11,11 @@ others and each is reported as ``SOURCE: reason``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from asr import manifest as mf
+from asr.output import Result
 
 AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")  # what a folder's listing takes
 MANIFEST_SUFFIXES = (".json", ".jsonl")
@@ -71,3 +74,42 @@ def output_name(audio: Path, root: Path, offset: float | None = None) -> str:
     except ValueError:  # a manifest may name audio outside its own folder
         relative = Path(audio.name)
     return relative.with_suffix("").as_posix() + (f"@{offset:g}" if offset is not None else "")
+
+
+def failed(utt: mf.Utterance | mf.Problem, error: str) -> Result:
+    """The Result of an input that could not be transcribed: ``error`` is its one-line message."""
+    audio = utt.audio_filepath if isinstance(utt, mf.Utterance) else utt.audio
+    offset = utt.offset if isinstance(utt, mf.Utterance) and utt.has_offset else None
+    return Result(None if audio is None else str(audio), 0.0, "", offset=offset, error=error)
+
+
+def check_all(check: Callable[[mf.Utterance], tuple[mf.Utterance | mf.Problem, dict]],
+              todo: list[tuple[mf.Utterance | mf.Problem, str]]
+              ) -> tuple[list[Result | int], list[mf.Utterance], list[dict]]:
+    """Read every input's header (``check``: Transcriber.check) before transcribing: per input, a failed
+    Result or the index of its checked utterance; the checked utterances; their notes (resampled, stereo)."""
+    order, checked, notes = [], [], []
+    for utt, _ in todo:
+        item, note = (utt, {}) if isinstance(utt, mf.Problem) else check(utt)
+        if isinstance(item, mf.Problem):
+            order.append(failed(item, str(item)))
+        else:
+            order.append(len(checked))
+            checked.append(item)
+            notes.append(note)
+    return order, checked, notes
+
+
+def in_order(order: list[Result | int], streamed: Iterator[tuple[int, Result]]) -> Iterator[tuple[int, Result]]:
+    """(input position, Result) in input order: the failures of ``order`` between the streamed results
+    of the checked utterances (which come in the order of their indices)."""
+    pending = iter(enumerate(order))
+    for i, result in streamed:
+        for position, item in pending:
+            if isinstance(item, Result):
+                yield position, item
+            else:
+                assert item == i, "the stream yields in input order"
+                yield position, result
+                break
+    yield from pending

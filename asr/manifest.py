@@ -7,9 +7,11 @@ A manifest is JSON lines, one utterance each, the format NeMo uses:
 with an optional ``offset`` (seconds). A relative path resolves against the manifest's
 folder. Training needs every key (``TRAINING_KEYS``); transcription only ``audio_filepath``
 (``TRANSCRIPTION_KEYS``): a line without ``duration`` is read to the end of the file (its
-length comes from the header, ``check_audio``), one without ``text`` has no reference. Every problem is reported as ``FILE:LINE: reason``. What happens to bad lines is
+length comes from the header, ``check_audio``), one without ``text`` has no reference.
+
+Every problem is reported as ``FILE:LINE: reason``. What happens to bad lines in training is
 the setting ``on_bad_line``: ``error`` (default) stops before training with the list,
-``skip`` drops them and logs how many and why.
+``skip`` drops them and logs how many and why; asr.transcribe reports each and goes on.
 """
 
 from __future__ import annotations

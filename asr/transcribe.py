@@ -58,7 +58,7 @@ from asr import manifest as mf
 from asr.audio import HOP_SECONDS, AudioError, check_finite, load_audio, resample
 from asr.data import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
-from asr.inputs import collect
+from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched
 from asr.module import ASRModule
 from asr.output import FORMATS, JsonlFile, OutputDir, Result, Stdout, Tally, align, words_of
@@ -123,13 +123,6 @@ def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
         reason = " ".join(str(err).split()).split(". ")[0] or "empty or cut short"  # torch adds pages of advice
         raise CheckpointError(f"checkpoint {path}: not a checkpoint of asr.fit or a model of asr.export "
                               f"({type(err).__name__}: {reason})") from err
-
-
-def failed(utt: mf.Utterance | mf.Problem, error: str) -> Result:
-    """The Result of an input that could not be transcribed: ``error`` is its one-line message."""
-    audio = utt.audio_filepath if isinstance(utt, mf.Utterance) else utt.audio
-    offset = utt.offset if isinstance(utt, mf.Utterance) and utt.has_offset else None
-    return Result(None if audio is None else str(audio), 0.0, "", offset=offset, error=error)
 
 
 class Transcriber:
@@ -342,37 +335,6 @@ def open_sink(args: argparse.Namespace, names: list[str]):
     return Stdout(args.format)
 
 
-def check_all(transcriber: Transcriber, todo: list[tuple[mf.Utterance | mf.Problem, str]]
-              ) -> tuple[list[Result | int], list[mf.Utterance], list[dict]]:
-    """Read every input's header before transcribing: per input, a failed Result or the index of its
-    checked utterance; the checked utterances; their notes (resampled, stereo)."""
-    order, checked, notes = [], [], []
-    for utt, _ in todo:
-        item, note = (utt, {}) if isinstance(utt, mf.Problem) else transcriber.check(utt)
-        if isinstance(item, mf.Problem):
-            order.append(failed(item, str(item)))
-        else:
-            order.append(len(checked))
-            checked.append(item)
-            notes.append(note)
-    return order, checked, notes
-
-
-def in_order(order: list[Result | int], streamed: Iterator[tuple[int, Result]]) -> Iterator[tuple[int, Result]]:
-    """(input position, Result) in input order: the failures of ``order`` between the streamed results
-    of the checked utterances (which come in the order of their indices)."""
-    pending = iter(enumerate(order))
-    for i, result in streamed:
-        for position, item in pending:
-            if isinstance(item, Result):
-                yield position, item
-            else:
-                assert item == i, "Transcriber.stream yields in input order"
-                yield position, result
-                break
-    yield from pending
-
-
 def transcribe_all(args: argparse.Namespace) -> int:
     """The run of ``main`` after parsing; returns the exit code (EXIT_CODES)."""
     model = load_model(args.checkpoint, args.device)
@@ -388,13 +350,14 @@ def transcribe_all(args: argparse.Namespace) -> int:
     if tally.skipped:
         print(f"skipped {tally.skipped} of {len(found)} utterances already in {args.output or args.output_dir}",
               file=out)
-    order, checked, notes = check_all(transcriber, todo)
+    order, checked, notes = check_all(transcriber.check, todo)
     mf.say_notes(notes, args.inputs[0] if len(args.inputs) == 1 else "inputs", transcriber.sample_rate,
                  lambda message: print(message, file=sys.stderr))
     failures = [item.error for item in order if isinstance(item, Result)]
     if failures and args.on_error == "stop":
         print("\n".join(failures) + f"\n--on_error stop: {len(failures)} of {len(todo)} inputs cannot be read; "
               "nothing was transcribed", file=sys.stderr)
+        sink.close()
         return EXIT_FAILED
     start = time.perf_counter()
     stopped = write_results(transcriber, order, checked, sink, [name for _, name in todo], tally, args)

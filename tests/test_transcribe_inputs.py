@@ -57,8 +57,8 @@ BAD = {
     "corrupt_long.flac": (mangled(5.0, corrupt), "corrupt_long.flac: cannot read audio"),  # the chunked path
     "nan.wav": (lambda p: soundfile.write(p, np.full(8000, np.nan, np.float32), 16000, subtype="FLOAT"),
                 "nan.wav: NaN or infinite values in 8000 samples"),
-    "nan_long.wav": (lambda p: soundfile.write(p, np.r_[sine(3.0, 16000), np.nan, sine(2.0, 16000)].astype(np.float32),
-                                               16000, subtype="FLOAT"), "nan_long.wav: NaN or infinite values in 1 samples"),
+    "nan_long.wav": (lambda p: soundfile.write(p, np.r_[sine(3.0, 16000), np.nan, sine(2.0, 16000)], 16000,
+                                               subtype="FLOAT"), "nan_long.wav: NaN or infinite values in 1 samples"),
 }
 BAD_LINES = [  # (manifest line, message)
     ({"audio_filepath": "audio/missing.flac", "text": "call nine"}, "m.jsonl:2: missing audio file"),

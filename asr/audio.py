@@ -10,7 +10,8 @@ are given in seconds, so one code path serves 8 kHz and 16 kHz audio:
 
 Frames: an utterance of ``n`` samples gives ``n // hop`` frames (16 s at 8 kHz -> 1600).
 Frame ``i`` covers samples ``[i * hop, i * hop + window)``; samples past the end count as
-zeros, so a padded utterance gives exactly the frames it gives alone.
+zeros, so a padded utterance gives exactly the frames it gives alone. Audio shorter than one
+hop gives 0 frames (and the model 0 output frames: an empty transcript), never an error.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def load_audio(path: str | Path, offset: float = 0.0, duration: float | None = N
     if samples.shape[0] == 0:
         raise AudioError(f"{path}: no audio samples (empty file or offset past the end)")
     return samples, rate
+
+
+def check_finite(samples: np.ndarray | torch.Tensor, name: str) -> None:
+    """Raise AudioError naming ``name`` if any sample is NaN or infinite (a corrupt float file):
+    the model would turn them into a transcript of nothing, silently."""
+    bad = int((~np.isfinite(samples)).sum()) if isinstance(samples, np.ndarray) else int((~samples.isfinite()).sum())
+    if bad:
+        raise AudioError(f"{name}: NaN or infinite values in {bad} samples")
 
 
 def read_mono(f: soundfile.SoundFile, start: int, frames: int) -> np.ndarray:
@@ -125,12 +134,13 @@ class FeatureExtractor(nn.Module):
             audio = audio.float()
             positions = torch.arange(audio.shape[1], device=audio.device)
             audio = audio * (positions[None, :] < lengths[:, None])  # zero whatever collate padded with
-            audio = nn.functional.pad(audio, (0, cfg.win_length - cfg.hop_length))
+            # a window past the end, so that even audio shorter than one window gives torch.stft a frame
+            audio = nn.functional.pad(audio, (0, cfg.win_length))
             # .float(): under bf16-true precision Lightning casts these buffers to bf16 too
             spec = torch.stft(
                 audio, n_fft=cfg.win_length, hop_length=cfg.hop_length, window=self.window.float(),
                 center=False, return_complex=True,
-            )  # (B, bins, T + 1)
+            )  # (B, bins, n // hop + 1): frames T and more (cut below), whatever the width n
             power = spec.abs().pow(2).transpose(1, 2)  # (B, T', bins)
             if self.fbanks is not None:
                 power = power @ self.fbanks.float()  # (B, T', mels)

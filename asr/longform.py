@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 import soundfile
 import torch
 
-from asr.audio import AudioError, read_mono, resample
+from asr.audio import AudioError, check_finite, read_mono, resample
 from asr.manifest import Utterance
 from asr.tokenizer import BLANK_ID
 
@@ -85,7 +85,12 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
         for b in range(0, len(starts), batch_chunks):
             done = kept_from
             batch = starts[b: b + batch_chunks]
-            audio = [read_chunk(f, s * step, min(chunk * step, total - s * step), base, rate) for s in batch]
+            try:
+                audio = [read_chunk(f, s * step, min(chunk * step, total - s * step), base, rate) for s in batch]
+            except (soundfile.LibsndfileError, RuntimeError, OSError) as err:  # corrupt or truncated data
+                raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+            for a in audio:
+                check_finite(a, utt.source)
             lengths = torch.tensor([len(a) for a in audio])
             log_probs, out_lengths = model.log_probs(torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths)
             for i, start in enumerate(batch):

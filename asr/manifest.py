@@ -5,15 +5,21 @@ A manifest is JSON lines, one utterance each, the format NeMo uses:
     {"audio_filepath": "audio/0001.flac", "duration": 2.41, "text": "call five two nine"}
 
 with an optional ``offset`` (seconds). A relative path resolves against the manifest's
-folder. Every problem is reported as ``FILE:LINE: reason``. What happens to bad lines is
+folder. Training needs every key (``TRAINING_KEYS``); transcription only ``audio_filepath``
+(``TRANSCRIPTION_KEYS``): a line without ``duration`` is read to the end of the file (its
+length comes from the header, ``check_audio``), one without ``text`` has no reference.
+
+Every problem is reported as ``FILE:LINE: reason``. What happens to bad lines in training is
 the setting ``on_bad_line``: ``error`` (default) stops before training with the list,
-``skip`` drops them and logs how many and why.
+``skip`` drops them and logs how many and why; asr.transcribe reports each and goes on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +28,8 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 BAD_LINE_POLICIES = ("error", "skip")
 RESAMPLE_POLICIES = ("resample", "error")
+TRAINING_KEYS = ("audio_filepath", "duration", "text")  # what a training or evaluation line must have
+TRANSCRIPTION_KEYS = ("audio_filepath",)  # what asr.transcribe needs; text is the reference, if any
 SHOWN_PROBLEMS = 10  # how many bad lines an error message lists in full
 
 
@@ -31,7 +39,9 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Utterance:
-    """One manifest line; ``duration`` is what is read, in seconds (the file's own length without offset)."""
+    """One manifest line; ``duration`` is what is read, in seconds (the file's own length without offset;
+    ``math.inf`` when the line has none, until ``check_audio`` reads the real one). ``text`` may be ""
+    only for transcription (no reference)."""
 
     audio_filepath: Path
     duration: float
@@ -46,49 +56,63 @@ class Problem:
     source: str  # "FILE:LINE"
     kind: str  # short category for the counts: "malformed json", "missing audio file", ...
     detail: str
+    audio: Path | None = None  # the audio file the line names, when it names one
 
     def __str__(self) -> str:
         return f"{self.source}: {self.kind}: {self.detail}"
 
 
-def parse_manifest(path: str | Path) -> tuple[list[Utterance], list[Problem]]:
-    """Parse every line of ``path``; lines that are not a usable utterance become Problems."""
+def parse_manifest(path: str | Path, required: tuple[str, ...] = TRAINING_KEYS
+                   ) -> tuple[list[Utterance], list[Problem]]:
+    """Parse every line of ``path``; lines that are not a usable utterance become Problems.
+
+    ``required``: the keys a line must have (TRAINING_KEYS or TRANSCRIPTION_KEYS). A manifest that
+    cannot be opened raises OSError (FileNotFoundError, IsADirectoryError, PermissionError).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"manifest {path} does not exist")
     utterances, problems = [], []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                problems.append(Problem(f"{path}:{number}", "malformed json", f"not UTF-8 text ({err.reason})"))
+                continue
             if not line.strip():
                 continue
-            item = _parse_line(line, path, f"{path}:{number}")
+            item = _parse_line(line, path, f"{path}:{number}", required)
             (problems if isinstance(item, Problem) else utterances).append(item)
     return utterances, problems
 
 
-def _parse_line(line: str, manifest: Path, source: str) -> Utterance | Problem:
+def _parse_line(line: str, manifest: Path, source: str, required: tuple[str, ...]) -> Utterance | Problem:
     try:
         entry = json.loads(line)
     except json.JSONDecodeError as err:
         return Problem(source, "malformed json", str(err))
     if not isinstance(entry, dict):
         return Problem(source, "malformed json", "a line must be a JSON object")
-    missing = [key for key in ("audio_filepath", "duration", "text") if key not in entry]
+    missing = [key for key in required if key not in entry]
     if missing:
         return Problem(source, "missing key", f"no {', '.join(missing)}")
-    text = entry["text"]
-    if not isinstance(text, str) or not text.strip():
-        return Problem(source, "empty text", f"text is {text!r}")
-    try:
-        duration, offset = float(entry["duration"]), float(entry.get("offset", 0.0))
-    except (TypeError, ValueError):
-        return Problem(source, "bad number", f"duration {entry['duration']!r} / offset {entry.get('offset')!r}")
     if not isinstance(entry["audio_filepath"], str) or not entry["audio_filepath"]:
         return Problem(source, "bad audio path", f"audio_filepath is {entry['audio_filepath']!r}")
     audio = Path(entry["audio_filepath"])
     audio = audio if audio.is_absolute() else manifest.parent / audio
+    text = entry.get("text", "")
+    if not isinstance(text, str) or ("text" in required and not text.strip()):
+        return Problem(source, "empty text", f"text is {text!r}", audio)
+    try:
+        duration, offset = float(entry.get("duration", math.inf)), float(entry.get("offset", 0.0))
+    except (TypeError, ValueError):
+        duration = offset = math.nan
+    if not (0 <= offset < math.inf and 0 <= duration and ("duration" not in entry or duration < math.inf)):
+        detail = f"duration {entry.get('duration')!r} / offset {entry.get('offset')!r}: seconds, 0 or more"
+        return Problem(source, "bad number", detail, audio)
     if not audio.is_file():
-        return Problem(source, "missing audio file", str(audio))
+        return Problem(source, "missing audio file", str(audio), audio)
     return Utterance(audio, duration, " ".join(text.split()), offset, "offset" in entry, source)
 
 
@@ -97,19 +121,27 @@ def check_audio(utt: Utterance, sample_rate: int, resample: str) -> tuple[Uttera
 
     Returns the utterance with its real duration, and notes {"resampled": bool, "stereo": bool}.
     """
+    audio = utt.audio_filepath
     try:
-        info = soundfile.info(str(utt.audio_filepath))
-    except (soundfile.LibsndfileError, RuntimeError) as err:
-        return Problem(utt.source, "unreadable audio", f"{utt.audio_filepath}: {err}"), {}
+        info = soundfile.info(str(audio))
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
+        reason = "empty file (0 bytes)" if audio.is_file() and audio.stat().st_size == 0 else \
+            getattr(err, "error_string", None) or str(err)  # libsndfile's reason without its "Error opening ..."
+        return Problem(utt.source, "unreadable audio", _naming(audio, utt.source, reason), audio), {}
     length = info.frames / info.samplerate
     if info.frames == 0 or (utt.has_offset and utt.offset >= length):
-        return Problem(utt.source, "empty audio", f"{utt.audio_filepath} has no samples to read"), {}
+        return Problem(utt.source, "empty audio", _naming(audio, utt.source, "no samples to read"), audio), {}
     if info.samplerate != sample_rate and resample == "error":
-        detail = f"{utt.audio_filepath} is {info.samplerate} Hz, data.sample_rate is {sample_rate} (data.resample=error)"
-        return Problem(utt.source, "wrong sample rate", detail), {}
+        detail = f"{audio} is {info.samplerate} Hz, data.sample_rate is {sample_rate} (data.resample=error)"
+        return Problem(utt.source, "wrong sample rate", detail, audio), {}
     duration = min(utt.duration, length - utt.offset) if utt.has_offset else length
     notes = {"resampled": info.samplerate != sample_rate, "stereo": info.channels > 1}
     return replace(utt, duration=duration), notes
+
+
+def _naming(audio: Path, source: str, reason: str) -> str:
+    """``reason``, after the audio path unless the message's source already is that path."""
+    return reason if source == str(audio) else f"{audio}: {reason}"
 
 
 def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_line: str) -> None:
@@ -127,11 +159,12 @@ def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_lin
     rank_zero_warn(f"{manifest}: skipped {len(problems)} of {total} lines ({counts}):\n  {shown}{more}")
 
 
-def say_notes(notes: list[dict], manifest: str | Path, sample_rate: int) -> None:
-    """Say once per manifest how many files are resampled or mixed down from stereo."""
+def say_notes(notes: list[dict], manifest: str | Path, sample_rate: int,
+              say: Callable[[str], None] = lambda message: rank_zero_info(message)) -> None:
+    """Say once per manifest (or run) how many files are resampled or mixed down from stereo, with ``say``."""
     resampled = sum(n.get("resampled", False) for n in notes)
     stereo = sum(n.get("stereo", False) for n in notes)
     if resampled:
-        rank_zero_info(f"{manifest}: {resampled} of {len(notes)} files are resampled to {sample_rate} Hz on loading")
+        say(f"{manifest}: {resampled} of {len(notes)} files are resampled to {sample_rate} Hz on loading")
     if stereo:
-        rank_zero_info(f"{manifest}: {stereo} of {len(notes)} files have several channels and are mixed to mono")
+        say(f"{manifest}: {stereo} of {len(notes)} files have several channels and are mixed to mono")

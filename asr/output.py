@@ -11,7 +11,8 @@ acoustic onset and release: expect them to lag the sound by up to a few frames.
 ``confidence`` is the mean posterior of the word's aligned frames, in [0, 1].
 
 Formats: ``jsonl`` (one JSON object per utterance: audio_filepath, duration, text, words,
-and reference when one is given), ``txt`` (the text), ``srt`` and ``vtt`` (subtitle cues
+and reference when one is given; an input that failed: audio_filepath, offset if any, and
+error), ``txt`` (the text), ``srt`` and ``vtt`` (subtitle cues
 of at most ``CUE_CHARS`` characters and ``CUE_SECONDS`` seconds, broken at pauses).
 
 Every file asr writes whole (outputs, checkpoints, exports, caches) goes through
@@ -77,19 +78,25 @@ class Word:
 
 @dataclass
 class Result:
-    """One utterance's transcription."""
+    """One utterance's transcription, or (``error`` set) why an input could not be transcribed."""
 
-    audio_filepath: str
+    audio_filepath: str | None  # None only for a manifest line that names no file
     duration: float  # seconds of audio transcribed
     text: str
     words: list[Word] = field(default_factory=list)
     reference: str = ""  # the manifest's text, if any
     offset: float | None = None  # the manifest line's offset, if it had one
+    error: str = ""  # one line naming the file (and manifest line), e.g. "m.jsonl:4: missing audio file: a.wav"
 
     def to_json(self) -> dict:
-        row = {"audio_filepath": self.audio_filepath, "duration": round(self.duration, 3), "text": self.text}
+        """The JSONL row: audio_filepath, [offset], duration, text, words, [reference]; a failure's row
+        is audio_filepath, [offset], error."""
+        row = {"audio_filepath": self.audio_filepath}
         if self.offset is not None:
             row["offset"] = self.offset
+        if self.error:
+            return row | {"error": self.error}
+        row |= {"duration": round(self.duration, 3), "text": self.text}
         row["words"] = [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3),
                          "confidence": round(w.confidence, 3)} for w in self.words]
         if self.reference:
@@ -202,16 +209,53 @@ def score_line(scores: dict, utterances: int) -> str:
             f"{w['substitutions']} substitutions, {w['deletions']} deletions, {w['insertions']} insertions)")
 
 
-class JsonlFile:
-    """``--output FILE.jsonl``: appends one line per result and flushes it; a rerun skips what is there.
+@dataclass
+class Tally:
+    """What a run of asr.transcribe did, for its closing lines and exit code."""
 
-    Done means: a complete line (ending in a newline) with the same audio_filepath and offset.
-    A last line without its newline, torn when a run was stopped, is cut off and redone.
+    done: int = 0  # inputs transcribed in this run
+    failed: int = 0
+    skipped: int = 0  # inputs already done in the output by an earlier run
+    audio_seconds: float = 0.0  # of the inputs transcribed
+    scored: list[tuple[str, str]] = field(default_factory=list)  # (reference, hypothesis), earlier runs' too
+    unscored: int = 0  # transcribed without a reference text
+
+    def add(self, result: Result) -> None:
+        if result.error:
+            self.failed += 1
+            return
+        self.done, self.audio_seconds = self.done + 1, self.audio_seconds + result.duration
+        if result.reference:
+            self.scored.append((result.reference, result.text))
+        else:
+            self.unscored += 1
+
+    def summary(self, elapsed: float) -> str:
+        """Files and audio transcribed, real-time factor (``elapsed`` s), failures, WER/CER of the references."""
+        text = f"{self.done} files, {self.audio_seconds:.1f} s of audio in {elapsed:.2f} s"
+        if self.audio_seconds:
+            text += f": real-time factor {elapsed / self.audio_seconds:.4f}"
+        if self.failed:
+            text += f"\n{self.failed} of {self.done + self.failed} inputs failed (each named above)"
+        if self.scored:
+            text += "\n" + score_line(score(*map(list, zip(*self.scored))), len(self.scored))
+            if self.unscored:
+                text += f"; {self.unscored} without text not scored"
+        return text
+
+
+class JsonlFile:
+    """``--output FILE.jsonl``: appends one line per result (failures too) and flushes it; a rerun skips
+    what is there and retries what failed.
+
+    Done means: a complete line (ending in a newline) with the same audio_filepath and offset, and
+    no error. A last line without its newline, torn when a run was stopped, is cut off and redone.
+    ``rows``: the done lines, for scoring.
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.rows = self._read_done()
+        self.rows = [row for row in self._read_done() if "error" not in row]
         self.done = {(row["audio_filepath"], row.get("offset")) for row in self.rows}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("a", encoding="utf-8")
@@ -230,7 +274,8 @@ class JsonlFile:
                 row = json.loads(line) if line.strip() else None
             except json.JSONDecodeError:
                 row = "bad"
-            if row is not None and not (isinstance(row, dict) and "audio_filepath" in row and "text" in row):
+            if row is not None and not (isinstance(row, dict) and "audio_filepath" in row
+                                        and ("text" in row or "error" in row)):
                 raise ValueError(f"{self.path}:{number}: not a line written by asr.transcribe; "
                                  "choose another --output or move this file away")
             rows += [row] if row else []
@@ -263,6 +308,8 @@ class OutputDir:
         return self.target(name).exists()
 
     def write(self, result: Result, name: str) -> None:
+        if result.error:  # no file, so that a rerun retries it; the error is on stderr
+            return
         target = self.target(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         with write_atomically(target) as partial:
@@ -273,7 +320,8 @@ class OutputDir:
 
 
 class Stdout:
-    """No output file: txt prints "path<TAB>text" lines, the other formats their documents."""
+    """No output file: txt prints "path<TAB>text" lines, the other formats their documents; of a failure,
+    only jsonl prints its row."""
 
     def __init__(self, kind: str):
         self.kind, self.rows = kind, []
@@ -282,6 +330,8 @@ class Stdout:
         return False
 
     def write(self, result: Result, name: str) -> None:
+        if result.error and self.kind != "jsonl":  # the error is on stderr; stdout keeps to transcripts
+            return
         text = f"{result.audio_filepath}\t{result.text}\n" if self.kind == "txt" else render(result, self.kind)
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -23,11 +23,17 @@ Resuming (a folder of many hours that was interrupted: run the same command agai
   manifest it came from (a single file: its name), with the format's suffix (.json, .txt,
   .srt, .vtt). Each is written to a temporary file and renamed, so a file that exists is
   complete: an input whose output exists is skipped.
-- ``--output FILE.jsonl``: one line per utterance, appended and flushed as each is done.
-  An utterance (audio_filepath, offset) already in the file is skipped; a last line without
-  its newline (torn by the interruption) is dropped and redone.
+- ``--output FILE.jsonl``: one line per input, appended and flushed as each is done.
+  An utterance (audio_filepath, offset) already in the file without an error is skipped; a
+  last line without its newline (torn by the interruption) is dropped and redone.
 The number skipped is printed. WER/CER cover the references of this run and, with
 ``--output``, of the lines already in the file; the real-time factor covers this run only.
+
+Bad inputs (missing, empty, non-audio or corrupt files, unusable folders, manifest lines that
+are not an utterance; a manifest needs only ``audio_filepath``) are each named on one line of
+stderr and, with ``--output``, in a row with an ``error`` field; the others are transcribed
+(``--on_error stop``: the first ends the run). The exit code is EXIT_CODES. The Python API
+gives a failed file a Result with ``error`` set, or raises TranscriptionError if asked to.
 
 The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """
@@ -35,8 +41,11 @@ The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 import time
+import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -46,17 +55,31 @@ from tqdm import tqdm
 
 from asr import export
 from asr import manifest as mf
-from asr.audio import HOP_SECONDS
-from asr.data import ASRDataset, BucketBatchSampler
+from asr.audio import HOP_SECONDS, AudioError, check_finite, load_audio, resample
+from asr.data import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
+from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched
 from asr.module import ASRModule
-from asr.output import FORMATS, JsonlFile, OutputDir, Result, Stdout, align, score, score_line, words_of
+from asr.output import FORMATS, JsonlFile, OutputDir, Result, Stdout, Tally, align, words_of
 from asr.tokenizer import Tokenizer
 
-AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")
-MANIFEST_SUFFIXES = (".json", ".jsonl")
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
+ON_ERROR = ("continue", "stop")
+EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2  # see EXIT_CODES
+EXIT_CODES = """exit codes:
+  0  every input was transcribed (in this run, or already in --output / --output_dir)
+  1  some inputs failed (each named on stderr, and a row with "error" in JSONL output); the others were transcribed
+  2  nothing was transcribed: every input failed, --on_error stop met a bad input, or a flag, the checkpoint
+     or the output cannot be used"""
+
+
+class CheckpointError(ValueError):
+    """A --checkpoint that does not exist or is not a checkpoint of asr.fit / a model of asr.export."""
+
+
+class TranscriptionError(ValueError):
+    """An input that cannot be transcribed, with on_error="stop"; the message names the file (and line)."""
 
 
 class AcousticModel(Protocol):
@@ -87,10 +110,19 @@ class CheckpointModel:
 
 
 def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
-    """A model written by asr.export, or a checkpoint of asr.fit."""
-    if export.is_exported(path):
-        return export.load(path, device)
-    return CheckpointModel(ASRModule.from_checkpoint(path, map_location=device), device)
+    """A model written by asr.export, or a checkpoint of asr.fit; anything else raises CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: {'not a file' if path.exists() else 'no such file'}")
+    try:
+        if export.is_exported(path):
+            return export.load(path, device)
+        return CheckpointModel(ASRModule.from_checkpoint(path, map_location=device), device)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, KeyError, TypeError, ValueError,
+            RuntimeError) as err:  # what torch.load and load_state_dict raise for a file that is not ours
+        reason = " ".join(str(err).split()).split(". ")[0] or "empty or cut short"  # torch adds pages of advice
+        raise CheckpointError(f"checkpoint {path}: not a checkpoint of asr.fit or a model of asr.export "
+                              f"({type(err).__name__}: {reason})") from err
 
 
 class Transcriber:
@@ -118,39 +150,71 @@ class Transcriber:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", max_batch_seconds: float = 120.0,
                         **options) -> "Transcriber":
-        """From a checkpoint of asr.fit or a model of asr.export; ``options`` as in the constructor."""
+        """From a checkpoint of asr.fit or a model of asr.export (else CheckpointError); ``options`` as in
+        the constructor."""
         return cls(load_model(path, device), device, max_batch_seconds, **options)
 
     @property
     def sample_rate(self) -> int:
         return self.model.sample_rate
 
-    def transcribe(self, paths: list[str | Path]) -> list[str]:
-        """Transcripts of the audio files ``paths``, in the same order."""
-        return [r.text for r in self.transcribe_results(paths)]
+    def transcribe(self, paths: list[str | Path], on_error: str = "continue") -> list[str]:
+        """Transcripts of the audio files ``paths``, in the same order; a file that cannot be transcribed
+        gives "" and a warning naming it (``on_error="stop"``: TranscriptionError instead)."""
+        return [r.text for r in self._warned(self.transcribe_results(paths, on_error))]
 
-    def transcribe_utterances(self, utterances: list[mf.Utterance]) -> list[str]:
-        """Transcripts of manifest utterances (their text is ignored), in the same order."""
-        return [r.text for r in self.transcribe_results(utterances)]
+    def transcribe_utterances(self, utterances: list[mf.Utterance], on_error: str = "continue") -> list[str]:
+        """Transcripts of manifest utterances (their text is ignored), in the same order; failures as in
+        ``transcribe``."""
+        return [r.text for r in self._warned(self.transcribe_results(utterances, on_error))]
 
-    def transcribe_results(self, inputs: list[str | Path | mf.Utterance]) -> list[Result]:
-        """Results (text, words with start/end/confidence, duration) of audio files or utterances, in order."""
+    @staticmethod
+    def _warned(results: list[Result]) -> list[Result]:
+        for r in results:
+            if r.error:
+                warnings.warn(r.error, stacklevel=3)
+        return results
+
+    def transcribe_results(self, inputs: list[str | Path | mf.Utterance], on_error: str = "continue"
+                           ) -> list[Result]:
+        """Results (text, words with start/end/confidence, duration) of audio files or utterances, in order.
+
+        An input that cannot be transcribed (missing, empty, not audio, corrupt) gives a Result whose
+        ``error`` names it and the reason, and the others are transcribed; with ``on_error="stop"``
+        the first such input raises TranscriptionError instead.
+        """
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         utterances = [u if isinstance(u, mf.Utterance) else mf.Utterance(Path(u), 0.0, "", source=str(u))
                       for u in inputs]
-        return [result for _, result in self.stream([self.check(u) for u in utterances])]
+        results: list[Result | None] = [None] * len(utterances)
+        checked, positions = [], []
+        for i, utt in enumerate(utterances):
+            item, _ = self.check(utt)
+            if isinstance(item, mf.Problem) and on_error == "stop":
+                raise TranscriptionError(str(item))
+            if isinstance(item, mf.Problem):
+                results[i] = failed(utt, str(item))
+            else:
+                checked.append(item)
+                positions.append(i)
+        for j, result in self.stream(checked):
+            if result.error and on_error == "stop":
+                raise TranscriptionError(result.error)
+            results[positions[j]] = result
+        return results
 
-    def check(self, utt: mf.Utterance) -> mf.Utterance:
-        """The utterance with its real duration; unreadable or empty audio raises ManifestError naming the file."""
-        checked, _ = mf.check_audio(utt, self.sample_rate, "resample")
-        if isinstance(checked, mf.Problem):
-            raise mf.ManifestError(str(checked))
-        return checked
+    def check(self, utt: mf.Utterance) -> tuple[mf.Utterance | mf.Problem, dict]:
+        """Read the audio's header: (the utterance with its real duration, or a Problem naming the file
+        and reason; notes {"resampled", "stereo"}), as asr.manifest.check_audio."""
+        return mf.check_audio(utt, self.sample_rate, "resample")
 
     def stream(self, checked: list[mf.Utterance], progress: Callable[[float], None] = lambda seconds: None
                ) -> Iterator[tuple[int, Result]]:
         """(index, Result) for utterances that passed ``check``, in input order, each as soon as it can be.
 
-        ``progress(seconds)`` is called as audio is transcribed.
+        A file that fails while being read (corrupt or truncated data) gives a Result with ``error``;
+        it never stops the others. ``progress(seconds)`` is called as audio is transcribed.
         """
         window, seconds = [], 0.0  # short utterances waiting to be batched, and their audio
         for i, utt in enumerate(checked):
@@ -166,32 +230,47 @@ class Transcriber:
                     window, seconds = [], 0.0
         yield from self._batched(checked, window, progress)
 
+    def _load(self, utt: mf.Utterance) -> torch.Tensor | Result:
+        """The utterance's samples at the model's rate (n,) float32, or a failed Result naming it."""
+        try:
+            samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+            check_finite(samples, str(utt.audio_filepath))
+        except AudioError as err:  # load_audio's message names the file; a manifest line adds FILE:LINE
+            return failed(utt, str(err) if utt.source == str(utt.audio_filepath) else f"{utt.source}: {err}")
+        return resample(torch.from_numpy(samples), rate, self.sample_rate)
+
     @torch.inference_mode()
     def _batched(self, checked: list[mf.Utterance], indices: list[int], progress) -> Iterator[tuple[int, Result]]:
         """Results of utterances ``checked[i] for i in indices``, batched by length, yielded in that order."""
         utts = [checked[i] for i in indices]
-        dataset = ASRDataset(utts, [[] for _ in utts], self.sample_rate)
         results: dict[int, Result] = {}
         for batch_indices in BucketBatchSampler([u.duration for u in utts], self.max_batch_seconds, shuffle=False):
-            batch = dataset[batch_indices]
-            log_probs, lengths = self.model.log_probs(batch.audio, batch.audio_lengths)
-            hyps = self.decoder(log_probs, lengths)
-            for row, (j, ids, n) in enumerate(zip(batch_indices, hyps, lengths.tolist())):
-                results[j] = self._result(utts[j], ids, align(log_probs[row, :n], ids))
+            loaded = {j: self._load(utts[j]) for j in batch_indices}
+            results |= {j: r for j, r in loaded.items() if isinstance(r, Result)}
+            audio = {j: a for j, a in loaded.items() if isinstance(a, torch.Tensor)}
+            if audio:
+                padded = torch.nn.utils.rnn.pad_sequence(list(audio.values()), batch_first=True)  # (B, n)
+                log_probs, lengths = self.model.log_probs(padded, torch.tensor([len(a) for a in audio.values()]))
+                hyps = self.decoder(log_probs, lengths)
+                for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist())):
+                    results[j] = self._result(utts[j], ids, align(log_probs[row, :n], ids))
             progress(sum(utts[j].duration for j in batch_indices))
         for j, i in enumerate(indices):
             yield i, results[j]
 
     @torch.inference_mode()
     def _long(self, utt: mf.Utterance, progress) -> Result:
-        """One utterance longer than chunk_seconds, in chunks (asr/longform.py)."""
+        """One utterance longer than chunk_seconds, in chunks (asr/longform.py); unreadable: a failed Result."""
         batch_chunks = max(1, int(self.max_batch_seconds // self.chunk_seconds))
         pieces = stitched(self.model, utt, self.chunk_seconds, self.overlap_seconds, batch_chunks, progress)
         ids, spans = [], []
-        for first, log_probs in segments(pieces, round(self.chunk_seconds / self.model.frame_seconds)):
-            segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
-            ids += segment_ids
-            spans += align(log_probs, segment_ids, first)
+        try:
+            for first, log_probs in segments(pieces, round(self.chunk_seconds / self.model.frame_seconds)):
+                segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
+                ids += segment_ids
+                spans += align(log_probs, segment_ids, first)
+        except AudioError as err:  # found mid-file: nothing of it is kept
+            return failed(utt, str(err))
         return self._result(utt, ids, spans)
 
     def _result(self, utt: mf.Utterance, ids: list[int], spans) -> Result:
@@ -201,48 +280,18 @@ class Transcriber:
                       utt.text, utt.offset if utt.has_offset else None)
 
 
-def collect(inputs: list[str]) -> list[tuple[mf.Utterance, str]]:
-    """Audio files, folders (every audio file below, sorted) and manifests -> (utterance, output name).
-
-    The output name is the audio's path relative to the folder or manifest it came from (a file
-    given on its own: its name), without the audio suffix; a manifest line with an offset adds "@offset".
-    """
-    found = []
-    for name in inputs:
-        path = Path(name)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
-            if not files:
-                raise FileNotFoundError(f"{path}: no audio files ({', '.join(AUDIO_SUFFIXES)}) below this folder")
-            found += [(mf.Utterance(p, 0.0, "", source=str(p)), output_name(p, path)) for p in files]
-        elif path.suffix.lower() in MANIFEST_SUFFIXES:
-            utterances, problems = mf.parse_manifest(path)
-            mf.report(problems, path, len(utterances) + len(problems), "error")
-            found += [(u, output_name(u.audio_filepath, path.parent, u.offset if u.has_offset else None))
-                      for u in utterances]
-        elif path.is_file():
-            found.append((mf.Utterance(path, 0.0, "", source=str(path)), path.stem))
-        else:
-            raise FileNotFoundError(f"{path}: no such audio file, folder or manifest")
-    return found
-
-
-def output_name(audio: Path, root: Path, offset: float | None = None) -> str:
-    try:
-        relative = audio.resolve().relative_to(root.resolve())
-    except ValueError:  # a manifest may name audio outside its own folder
-        relative = Path(audio.name)
-    return relative.with_suffix("").as_posix() + (f"@{offset:g}" if offset is not None else "")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m asr.transcribe", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m asr.transcribe", description=__doc__.split("\n\n")[0],
+                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("inputs", nargs="+", help="audio files, folders of audio, or JSON-lines manifests")
+    add("inputs", nargs="+", help="audio files, folders of audio, or JSON-lines manifests (audio_filepath; "
+        "text and duration optional)")
     add("--checkpoint", required=True, help="a .ckpt written by python -m asr.fit, or a model of asr.export")
-    add("--output", help="append one JSON line per utterance to this file; a rerun skips what it holds")
+    add("--output", help="append one JSON line per input to this file; a rerun skips what it holds, retries errors")
     add("--output_dir", help="write one file per input below this folder; a rerun skips existing files")
     add("--format", choices=FORMATS, default=None, help="txt (default without --output), jsonl, srt or vtt")
+    add("--on_error", choices=ON_ERROR, default="continue",
+        help="continue: report a bad input on stderr (and in JSONL) and go on; stop: end the run at the first")
     add("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     add("--max_batch_seconds", type=float, default=120.0, help="padded audio per model call")
     add("--chunk_seconds", type=float, default=30.0, help="longer files run in overlapping chunks of this; 0 = never")
@@ -261,6 +310,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.format = args.format or ("jsonl" if args.output else "txt")
     if args.beam_size < 1:
         parser.error(f"--beam_size must be >= 1, got {args.beam_size}")
+    if args.max_batch_seconds <= 0:
+        parser.error(f"--max_batch_seconds must be > 0, got {args.max_batch_seconds}")
     return args
 
 
@@ -270,55 +321,87 @@ def build_decoder(args: argparse.Namespace, tokenizer: Tokenizer) -> Decoder:
     return make_decoder(tokenizer, args.beam_size, args.lm, **options)
 
 
-def open_sink(args: argparse.Namespace, found: list[tuple[mf.Utterance, str]]):
+def open_sink(args: argparse.Namespace, names: list[str]):
+    """Where results go: --output (JsonlFile), --output_dir (OutputDir) or stdout; ValueError if unusable."""
     if args.output:
         return JsonlFile(args.output)
     if args.output_dir:
-        names = [name for _, name in found]
         if len(set(names)) < len(names):
             twice = next(n for n in names if names.count(n) > 1)
-            raise SystemExit(f"--output_dir: two inputs would both write {twice!r}; transcribe them separately")
+            raise ValueError(f"--output_dir: two inputs would both write {twice!r}; transcribe them separately")
         return OutputDir(args.output_dir, args.format)
-    if args.format in ("srt", "vtt") and len(found) > 1:
-        raise SystemExit(f"--format {args.format} of {len(found)} utterances needs --output_dir")
+    if args.format in ("srt", "vtt") and len(names) > 1:
+        raise ValueError(f"--format {args.format} of {len(names)} utterances needs --output_dir")
     return Stdout(args.format)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def transcribe_all(args: argparse.Namespace) -> int:
+    """The run of ``main`` after parsing; returns the exit code (EXIT_CODES)."""
     model = load_model(args.checkpoint, args.device)
     transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model.tokenizer),
                               args.chunk_seconds, args.overlap_seconds)
     found = collect(args.inputs)
-    sink = open_sink(args, found)
-    todo = [(u, name) for u, name in found
-            if not sink.is_done(str(u.audio_filepath), u.offset if u.has_offset else None, name)]
+    sink = open_sink(args, [name for u, name in found if isinstance(u, mf.Utterance)])
+    todo = [(u, name) for u, name in found if isinstance(u, mf.Problem)
+            or not sink.is_done(str(u.audio_filepath), u.offset if u.has_offset else None, name)]
     out = sys.stdout if args.output or args.output_dir else sys.stderr  # stdout stays transcripts only
-    if len(todo) < len(found):
-        print(f"skipped {len(found) - len(todo)} of {len(found)} utterances already in "
-              f"{args.output or args.output_dir}", file=out)
-    checked = [transcriber.check(u) for u, _ in todo]
-    audio_seconds = sum(u.duration for u in checked)
-    scored = [(row["reference"], row["text"]) for row in sink.rows if row.get("reference")]
-    bar = tqdm(total=audio_seconds, file=sys.stderr, disable=None if args.progress is None else not args.progress,
-               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} audio s [{elapsed}<{remaining}]")
+    tally = Tally(skipped=len(found) - len(todo), scored=[(r["reference"], r["text"]) for r in sink.rows
+                                                          if r.get("reference")])
+    if tally.skipped:
+        print(f"skipped {tally.skipped} of {len(found)} utterances already in {args.output or args.output_dir}",
+              file=out)
+    order, checked, notes = check_all(transcriber.check, todo)
+    mf.say_notes(notes, args.inputs[0] if len(args.inputs) == 1 else "inputs", transcriber.sample_rate,
+                 lambda message: print(message, file=sys.stderr))
+    failures = [item.error for item in order if isinstance(item, Result)]
+    if failures and args.on_error == "stop":
+        print("\n".join(failures) + f"\n--on_error stop: {len(failures)} of {len(todo)} inputs cannot be read; "
+              "nothing was transcribed", file=sys.stderr)
+        sink.close()
+        return EXIT_FAILED
     start = time.perf_counter()
+    stopped = write_results(transcriber, order, checked, sink, [name for _, name in todo], tally, args)
+    if stopped:
+        return EXIT_FAILED
+    print(tally.summary(time.perf_counter() - start), file=out)
+    return EXIT_OK if not tally.failed else EXIT_PARTIAL if tally.done or tally.skipped else EXIT_FAILED
+
+
+def write_results(transcriber: Transcriber, order: list[Result | int], checked: list[mf.Utterance], sink,
+                  names: list[str], tally: Tally, args: argparse.Namespace) -> bool:
+    """Transcribe ``checked`` and write every input's result (failures: a line on stderr too) in input
+    order, counting them in ``tally``; True if --on_error stop ended the run at a failure."""
+    bar = tqdm(total=sum(u.duration for u in checked), file=sys.stderr,
+               disable=None if args.progress is None else not args.progress,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} audio s [{elapsed}<{remaining}]")
     try:
-        for i, result in transcriber.stream(checked, lambda seconds: bar.update(min(seconds, bar.total - bar.n))):
-            sink.write(result, todo[i][1])
-            if result.reference:
-                scored.append((result.reference, result.text))
+        streamed = transcriber.stream(checked, lambda seconds: bar.update(min(seconds, bar.total - bar.n)))
+        for position, result in in_order(order, streamed):
+            if result.error:
+                tqdm.write(result.error, file=sys.stderr)
+            if result.error and args.on_error == "stop":
+                print("--on_error stop: the run ends at this input; run again to resume", file=sys.stderr)
+                return True
+            tally.add(result)
+            sink.write(result, names[position])
     finally:
         bar.close()
         sink.close()
-    elapsed = time.perf_counter() - start
-    summary = f"{len(checked)} files, {audio_seconds:.1f} s of audio in {elapsed:.2f} s"
-    if audio_seconds:
-        summary += f": real-time factor {elapsed / audio_seconds:.4f}"
-    if scored:
-        summary += "\n" + score_line(score(*map(list, zip(*scored))), len(scored))
-    print(summary, file=out)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m asr.transcribe``; returns the exit code (EXIT_CODES). Bad flags exit with 2 (argparse)."""
+    args = parse_args(argv)
+    try:
+        return transcribe_all(args)
+    except (OSError, ValueError) as err:  # the checkpoint, an option or the output cannot be used
+        print(f"python -m asr.transcribe: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

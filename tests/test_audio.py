@@ -90,6 +90,37 @@ def test_padding_in_a_batch_does_not_change_an_utterances_features(sample_rate, 
     assert batch[1, frames[1] :].abs().max() == 0
 
 
+@pytest.mark.parametrize("sample_rate", [8000, 16000])
+@pytest.mark.parametrize("samples", [1, 100, 248, 399])
+def test_audio_shorter_than_a_window_gives_its_frames_alone_and_in_a_batch(sample_rate, samples, tiny_model):
+    """Shorter than n_fft (160 / 400 samples) must not stop torch.stft: n // hop frames, and the model
+    gives the same (zero or few) output frames batched with a long utterance as on its own."""
+    audio = torch.randn(2, sample_rate) * 0.1
+    lengths = torch.tensor([samples, sample_rate])
+    extractor = features(sample_rate)
+    batch, frames = extractor(audio, lengths)
+    alone, alone_frames = extractor(audio[:1, :samples], lengths[:1])
+    hop = extractor.config.hop_length
+    assert int(frames[0]) == int(alone_frames[0]) == alone.shape[1] == samples // hop
+    torch.testing.assert_close(batch[0, : frames[0]], alone[0], atol=1e-4, rtol=1e-4)
+    model = tiny_model(sample_rate=sample_rate).eval()
+    with torch.no_grad():
+        batch_out, batch_lengths = model(audio, lengths)
+        alone_out, alone_lengths = model(audio[:1, :samples], lengths[:1])
+    n = int(alone_lengths[0])
+    assert int(batch_lengths[0]) == n == model.encoder_frames(samples) and torch.isfinite(alone_out).all()
+    torch.testing.assert_close(batch_out[0, :n], alone_out[0, :n], atol=1e-4, rtol=1e-4)
+
+
+def test_a_training_batch_of_audio_shorter_than_a_window_runs_forward_and_backward(tiny_model):
+    """SpecAugment and the masks see zero frames; gradients stay finite."""
+    model = tiny_model(dropout=0.1).train()
+    log_probs, lengths = model(torch.randn(2, 100) * 0.1, torch.tensor([100, 37]))
+    log_probs.sum().backward()
+    assert lengths.tolist() == [0, 0] and torch.isfinite(log_probs).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def test_features_ignore_whatever_lies_beyond_the_length(waveforms):
     audio, lengths = waveforms(1.0, 0.6)
     noisy = audio.clone()

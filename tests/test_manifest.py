@@ -2,7 +2,9 @@ import warnings
 
 import pytest
 
-from asr.manifest import ManifestError, Problem, Utterance, check_audio, parse_manifest, report
+import math
+
+from asr.manifest import TRANSCRIPTION_KEYS, ManifestError, Problem, Utterance, check_audio, parse_manifest, report
 
 
 def test_parse_manifest_reads_good_lines(corpus):
@@ -18,6 +20,9 @@ def test_parse_manifest_reads_good_lines(corpus):
     ('{"audio_filepath": "audio/a.flac", "text": "call five"}', "missing key"),
     ('{"audio_filepath": "audio/a.flac", "duration": 1.0, "text": "   "}', "empty text"),
     ('{"audio_filepath": "audio/a.flac", "duration": "long", "text": "call"}', "bad number"),
+    ('{"audio_filepath": "audio/a.flac", "duration": -1, "offset": 0.2, "text": "call"}', "bad number"),
+    ('{"audio_filepath": "audio/a.flac", "duration": 1.0, "offset": -1, "text": "call"}', "bad number"),
+    ('{"audio_filepath": "audio/a.flac", "duration": NaN, "text": "call"}', "bad number"),
     ('{"audio_filepath": "audio/nowhere.flac", "duration": 1.0, "text": "call five"}', "missing audio file"),
 ])
 def test_each_bad_line_is_a_problem_naming_file_and_line(corpus, bad_line, kind):
@@ -60,6 +65,26 @@ def test_absolute_paths_are_kept(corpus, tmp_path):
 def test_text_whitespace_is_normalised(corpus):
     path = corpus.manifest("m.jsonl", [corpus.row("audio/a.flac", "  call   five ")])
     assert parse_manifest(path)[0][0].text == "call five"
+
+
+def test_transcription_needs_only_the_audio_path_and_duration_comes_from_the_file(corpus):
+    lines = [{"audio_filepath": "audio/a.flac"}, {"audio_filepath": "audio/b.flac", "text": "nine"},
+             {"audio_filepath": "audio/long.flac", "offset": 1.0}, {"text": "call"}]
+    path = corpus.manifest("m.jsonl", lines)
+    utterances, problems = parse_manifest(path, TRANSCRIPTION_KEYS)
+    assert [(u.text, u.duration) for u in utterances] == [("", math.inf), ("nine", math.inf), ("", math.inf)]
+    assert [(p.source, p.kind) for p in problems] == [(f"{path}:4", "missing key")]
+    durations = [check_audio(u, 16000, "resample")[0].duration for u in utterances]
+    assert durations == pytest.approx([1.0, 1.2, 2.0])  # long.flac is 3 s, read from 1 s on
+    _, training = parse_manifest(path)  # training still needs every key
+    assert [p.kind for p in training] == ["missing key"] * 4
+
+
+def test_a_line_that_is_not_utf8_is_a_problem_and_the_others_are_read(corpus):
+    path = corpus.manifest("m.jsonl", [corpus.row("audio/a.flac", "call")])
+    path.write_bytes(path.read_bytes() + b'{"audio_filepath": "audio/b.flac", "text": "\xff\xfe"}\n')
+    utterances, problems = parse_manifest(path)
+    assert len(utterances) == 1 and [(p.source, p.kind) for p in problems] == [(f"{path}:2", "malformed json")]
 
 
 def test_missing_manifest_raises_naming_it(tmp_path):

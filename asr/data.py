@@ -3,7 +3,8 @@
 One DataModule serves 8 kHz and 16 kHz audio (``configs/data/8khz.yaml``, ``16khz.yaml``):
 files at another rate are resampled on loading. Batches are filled up to
 ``max_batch_seconds`` of padded audio, not a fixed count. Every manifest line is
-checked in ``setup`` before the first step (see asr.manifest), so nothing fails mid-epoch.
+checked in ``setup`` before the first step (see asr.manifest); audio that breaks later
+(deleted, truncated) is dropped from its batch and counted (see asr.datafaults).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr import manifest as mf
-from asr.audio import load_audio, num_frames, resample
+from asr.audio import AudioError, load_audio, num_frames, resample
+from asr.datafaults import DataFaults
 from asr.model import subsampled_lengths
 from asr.tokenizer import UNK_ID, Tokenizer
 
@@ -30,6 +32,7 @@ class Batch(NamedTuple):
     tokens: torch.Tensor  # (B, L) int64 token ids, padded with 0 (the blank, never a target)
     token_lengths: torch.Tensor  # (B,)
     texts: list[str]
+    dropped: tuple[str, ...] = ()  # "SOURCE: reason" of this batch's utterances that failed to load (DataFaults)
 
 
 class ASRDataset(Dataset):
@@ -48,18 +51,44 @@ class ASRDataset(Dataset):
         return len(self.utterances)
 
     def load(self, i: int) -> torch.Tensor:
+        """Utterance ``i``'s waveform (n,) float32; AudioError naming its manifest line if it cannot be read."""
         utt = self.utterances[i]
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
-        except ValueError as err:
-            raise ValueError(f"{utt.source}: {err}") from err
+        except AudioError as err:
+            raise AudioError(f"{utt.source}: {err}") from err
         speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
         return resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
 
     def __getitem__(self, indices: list[int]) -> Batch:
-        audio = [self.load(i) for i in indices]
-        tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in indices]
-        return collate(audio, tokens, [self.utterances[i].text for i in indices])
+        """The batch of ``indices``, without those whose audio fails to load (named in ``Batch.dropped``).
+
+        A batch is never empty: if all fail, the next readable utterance stands in, so that
+        every rank still steps and enters the same collectives (DDP, FSDP).
+        """
+        kept, audio, dropped = [], [], []
+        for i in indices:
+            try:
+                audio.append(self.load(i))
+                kept.append(i)
+            except AudioError as err:  # a file deleted or truncated since setup checked it
+                dropped.append(str(err))
+        if not kept:
+            stand_in = self.first_readable(indices[-1] + 1)
+            kept, audio = [stand_in], [self.load(stand_in)]
+        tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in kept]
+        return collate(audio, tokens, [self.utterances[i].text for i in kept])._replace(dropped=tuple(dropped))
+
+    def first_readable(self, start: int) -> int:
+        """The first utterance from ``start`` on (wrapping round) whose audio loads."""
+        for step in range(len(self)):
+            i = (start + step) % len(self)
+            try:
+                self.load(i)
+                return i
+            except AudioError:
+                continue
+        raise AudioError(f"none of the {len(self)} utterances' audio can be read any more")
 
 
 def collate(audio: list[torch.Tensor], tokens: list[torch.Tensor], texts: list[str]) -> Batch:
@@ -173,13 +202,22 @@ def split_largest(batches: list[list[int]], more_needed) -> list[list[int]]:
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader that Lightning can checkpoint mid-epoch: it remembers how many batches were consumed."""
+    """A DataLoader that Lightning can checkpoint mid-epoch: it remembers how many batches were consumed.
+
+    With ``faults`` set, each batch's ``dropped`` utterances are counted there (main process).
+    """
+
+    faults: DataFaults | None = None
 
     def __iter__(self):
         sampler: BucketBatchSampler = self.sampler
         self.epoch, self.consumed = sampler.epoch, sampler.skip
+        if self.faults:
+            self.faults.start_pass()
         for batch in super().__iter__():
             self.consumed += 1
+            if self.faults:
+                self.faults.record(batch.dropped)
             yield batch
 
     def state_dict(self) -> dict:
@@ -216,6 +254,7 @@ class ASRDataModule(pl.LightningDataModule):
         min_duration: float = 0.1,
         max_duration: float = 20.0,
         on_bad_line: Literal["error", "skip"] = "error",
+        max_dropped_share: float = 0.01,
         num_workers: int = 1,
         seed: int = 0,
         subsampling: int = 4,
@@ -236,6 +275,9 @@ class ASRDataModule(pl.LightningDataModule):
             min_duration: utterances shorter than this (seconds) are bad lines.
             max_duration: utterances longer than this (seconds), or than max_batch_seconds, are bad lines.
             on_bad_line: "error" stops before training and lists bad lines; "skip" drops and counts them.
+            max_dropped_share: audio that fails to load mid-run (deleted or truncated since start-up) is
+                dropped from its batch and named once; above this share of a split in one pass the run stops
+                and lists them.
             num_workers: DataLoader worker processes that read and resample audio.
             seed: seed of the batch order (with the epoch number).
             subsampling: the model's frame subsampling, linked from model.subsampling (CTC feasibility).
@@ -243,8 +285,11 @@ class ASRDataModule(pl.LightningDataModule):
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
+        if not 0 <= max_dropped_share <= 1:
+            raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
         self.save_hyperparameters()
         self.datasets: dict[str, ASRDataset] = {}
+        self.faults: dict[str, DataFaults] = {}  # per split, kept across its loaders
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -317,8 +362,11 @@ class ASRDataModule(pl.LightningDataModule):
             seed=self.hparams.seed, num_replicas=world, rank=rank,
         )
         workers = self.hparams.num_workers
-        return ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
-                               num_workers=workers, persistent_workers=workers > 0)
+        loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
+                                 num_workers=workers, persistent_workers=workers > 0)
+        loader.faults = self.faults.setdefault(
+            split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer))
+        return loader
 
     def train_dataloader(self) -> ResumableLoader:
         return self.loader("train", shuffle=self.hparams.shuffle)

@@ -3,12 +3,10 @@ import re
 from types import SimpleNamespace
 
 import pytest
-import pytorch_lightning as pl
 import soundfile
 import torch
 
 from asr.data import ASRDataModule, Batch, BucketBatchSampler, ResumableLoader
-from asr.datafaults import DataFaultError
 from asr.manifest import ManifestError
 
 
@@ -347,83 +345,3 @@ def test_no_warning_when_validation_was_not_due(overrides, recwarn):
     warn_if_validation_was_due(due_trainer(**overrides))
     assert not [w for w in recwarn if "validation was due" in str(w.message)]
 
-
-# Audio that breaks after start-up
-
-BREAK = {"deleted": lambda path: path.unlink(), "truncated": lambda path: path.write_bytes(path.read_bytes()[:40])}
-
-
-@pytest.mark.parametrize("how", BREAK)
-def test_an_utterance_whose_audio_broke_after_setup_is_dropped_from_its_batch_and_named(corpus, how):
-    dm = datamodule(corpus)
-    dm.setup("fit")
-    BREAK[how](corpus.root / "audio" / "a.flac")
-    batch = dm.datasets["train"][[0, 1, 2]]
-    assert batch.texts == [r["text"] for r in corpus.train_rows[1:3]] and batch.audio.shape[0] == 2
-    assert len(batch.dropped) == 1 and batch.dropped[0].startswith(f"{corpus.train}:1: ")
-    assert "a.flac" in batch.dropped[0]
-
-
-def test_a_batch_whose_every_utterance_broke_holds_the_next_readable_one_so_every_rank_still_steps(corpus):
-    dm = datamodule(corpus)
-    dm.setup("fit")
-    for name in ("b.flac", "c.flac"):
-        (corpus.root / "audio" / name).unlink()
-    batch = dm.datasets["train"][[1, 2]]
-    assert batch.texts == [corpus.train_rows[3]["text"]] and len(batch.dropped) == 2
-
-
-def broken_epochs(dm, epochs: int) -> list[str]:
-    """Iterate ``epochs`` training epochs; returns the texts seen."""
-    loader, texts = dm.train_dataloader(), []
-    for number in range(epochs):
-        loader.sampler.set_epoch(number)
-        texts += [text for batch in loader for text in batch.texts]
-    return texts
-
-
-def test_a_training_file_deleted_after_setup_is_named_once_and_counted_in_a_worker_process(corpus, recwarn):
-    dm = datamodule(corpus, num_workers=1, max_dropped_share=0.5)
-    dm.setup("fit")
-    (corpus.root / "audio" / "a.flac").unlink()
-    texts = broken_epochs(dm, 2)
-    assert sorted(texts) == sorted(2 * [r["text"] for r in corpus.train_rows[1:]])
-    named = [str(w.message) for w in recwarn if "no longer loads" in str(w.message)]
-    assert len(named) == 1 and f"{corpus.train}:1: " in named[0] and "1 of 5 in this pass" in named[0]
-    assert dm.faults["train"].in_pass == [dm.faults["train"].in_pass[0]]  # counted again in the second pass
-
-
-def test_a_share_of_broken_files_above_the_default_stops_with_the_list(corpus):
-    dm = datamodule(corpus)
-    dm.setup("fit")
-    for name in ("a.flac", "d.flac"):
-        (corpus.root / "audio" / name).unlink()
-    with pytest.raises(DataFaultError, match=r"failed to load in this pass.*max_dropped_share=0\.01") as err:
-        broken_epochs(dm, 1)
-    assert "a.flac" in str(err.value) or "d.flac" in str(err.value)
-
-
-class DeleteAfterFirstEpoch(pl.Callback):
-    def __init__(self, path):
-        self.path = path
-
-    def on_train_epoch_end(self, trainer, module):
-        if trainer.current_epoch == 0:
-            self.path.unlink()
-
-
-def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_naming_it_once(corpus, tmp_path):
-    from asr.fit import build
-
-    cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "3",
-                 "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "1",
-                 "--data.tokenizer_type", "char", "--data.train_manifest", str(corpus.train),
-                 "--data.val_manifest", str(corpus.dev), "--data.test_manifest", "null",
-                 "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5"])
-    cli.trainer.callbacks.append(DeleteAfterFirstEpoch(corpus.root / "audio" / "b.flac"))
-    with pytest.warns(UserWarning, match="no longer loads") as caught:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    named = [str(w.message) for w in caught if "no longer loads" in str(w.message)]
-    assert len(named) == 1 and f"{corpus.train}:2: " in named[0] and "b.flac" in named[0]
-    assert cli.trainer.current_epoch == 3 and validated_epochs(cli.trainer.log_dir) == [0, 1, 2]
-    assert len(cli.datamodule.faults["train"].in_pass) == 1  # the last epoch's count

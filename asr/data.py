@@ -74,18 +74,17 @@ class ASRDataset(Dataset):
             except AudioError as err:  # a file deleted or truncated since setup checked it
                 dropped.append(str(err))
         if not kept:
-            stand_in = self.first_readable(indices[-1] + 1)
-            kept, audio = [stand_in], [self.load(stand_in)]
+            stand_in, waveform = self.first_readable(indices[-1] + 1)
+            kept, audio = [stand_in], [waveform]
         tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in kept]
         return collate(audio, tokens, [self.utterances[i].text for i in kept])._replace(dropped=tuple(dropped))
 
-    def first_readable(self, start: int) -> int:
-        """The first utterance from ``start`` on (wrapping round) whose audio loads."""
+    def first_readable(self, start: int) -> tuple[int, torch.Tensor]:
+        """The first utterance from ``start`` on (wrapping round) whose audio loads, and its waveform."""
         for step in range(len(self)):
             i = (start + step) % len(self)
             try:
-                self.load(i)
-                return i
+                return i, self.load(i)
             except AudioError:
                 continue
         raise AudioError(f"none of the {len(self)} utterances' audio can be read any more")
@@ -139,6 +138,10 @@ class BucketBatchSampler(Sampler[list[int]]):
             longest = longest_if_added
         return batches + [batch] if batch else batches
 
+    def sorted_cut(self) -> list[list[int]]:
+        """``cut`` of the utterances sorted by duration: the fewest batches (no jitter)."""
+        return self.cut(sorted(range(len(self.durations)), key=self.durations.__getitem__))
+
     def jittered_cut(self, rng: random.Random) -> list[list[int]]:
         """``cut`` of the utterances sorted by duration times a random factor in [1 - jitter, 1 + jitter]."""
         keys = [d * (1 + rng.uniform(-self.jitter, self.jitter)) for d in self.durations]
@@ -153,7 +156,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         splits its largest batches, so the count never varies. Without shuffle: the sorted cut's count.
         """
         if not self.shuffle:
-            return len(self.cut(sorted(range(len(self.durations)), key=self.durations.__getitem__)))
+            return len(self.sorted_cut())
         return max(len(self.jittered_cut(random.Random(f"{self.seed}-count-{k}"))) for k in range(8))
 
     def global_batches(self) -> list[list[int]]:
@@ -161,8 +164,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         rng = random.Random(self.seed * 100003 + self.epoch)
         draws = (self.jittered_cut(rng) for _ in range(4 if self.shuffle else 0))
         batches = next((cut for cut in draws if len(cut) <= self.num_batches), None)
-        if batches is None:  # no shuffle, or four draws over the count (rare): the sorted cut
-            batches = self.cut(sorted(range(len(self.durations)), key=self.durations.__getitem__))
+        if batches is None:  # no shuffle, or four draws over the count (rare)
+            batches = self.sorted_cut()
         batches = split_largest(batches, lambda count: count < self.num_batches)
         if self.shuffle:
             rng.shuffle(batches)

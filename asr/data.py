@@ -149,15 +149,15 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     @cached_property
     def num_batches(self) -> int:
-        """Batches per epoch (all ranks together): the most that 8 jittered cuts drawn from the seed give.
+        """Batches per epoch (all ranks together): the most that the sorted cut and 8 jittered cuts drawn
+        from the seed give (without shuffle: the sorted cut's count).
 
         Jittered cuts vary by a few batches (346-350 on 1,780 Czech clips at 20 s); an epoch's draw
-        over this count is drawn again (then the sorted cut, the fewest, is used) and one under it
-        splits its largest batches, so the count never varies. Without shuffle: the sorted cut's count.
+        over this count is drawn again (then the sorted cut is used) and one under it splits its
+        largest batches, so the count never varies.
         """
-        if not self.shuffle:
-            return len(self.sorted_cut())
-        return max(len(self.jittered_cut(random.Random(f"{self.seed}-count-{k}"))) for k in range(8))
+        draws = [random.Random(f"{self.seed}-count-{k}") for k in range(8 if self.shuffle else 0)]
+        return max([len(self.sorted_cut())] + [len(self.jittered_cut(rng)) for rng in draws])
 
     def global_batches(self) -> list[list[int]]:
         """This epoch's ``num_batches`` batches for all ranks together, before the per-rank split."""

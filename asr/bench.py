@@ -139,14 +139,7 @@ def random_batches(durations: list[float], max_batch_seconds: float, seed: int) 
     """Utterances in random order, cut greedily into batches of at most ``max_batch_seconds`` padded audio."""
     order = list(range(len(durations)))
     random.Random(seed).shuffle(order)
-    batches, batch, longest = [], [], 0.0
-    for i in order:
-        if batch and max(longest, durations[i]) * (len(batch) + 1) > max_batch_seconds:
-            batches.append(batch)
-            batch, longest = [], 0.0
-        batch.append(i)
-        longest = max(longest, durations[i])
-    return batches + [batch] if batch else batches
+    return BucketBatchSampler(durations, max_batch_seconds).cut(order)
 
 
 def padding_fraction(durations: list[float], batches: list[list[int]]) -> float:

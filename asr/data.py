@@ -3,7 +3,8 @@
 One DataModule serves 8 kHz and 16 kHz audio (``configs/data/8khz.yaml``, ``16khz.yaml``):
 files at another rate are resampled on loading. Batches are filled up to
 ``max_batch_seconds`` of padded audio, not a fixed count. Every manifest line is
-checked in ``setup`` before the first step (see asr.manifest), so nothing fails mid-epoch.
+checked in ``setup`` before the first step (see asr.manifest); audio that breaks later
+(deleted, truncated) is dropped from its batch and counted (see asr.datafaults).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr import manifest as mf
+from asr.audio import AudioError, load_audio, num_frames, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
-from asr.audio import load_audio, num_frames, resample
+from asr.datafaults import DataFaults
 from asr.model import subsampled_lengths
 from asr.tokenizer import UNK_ID, Tokenizer
 
@@ -31,6 +33,7 @@ class Batch(NamedTuple):
     tokens: torch.Tensor  # (B, L) int64 token ids, padded with 0 (the blank, never a target)
     token_lengths: torch.Tensor  # (B,)
     texts: list[str]
+    dropped: tuple[str, ...] = ()  # "SOURCE: reason" of this batch's utterances that failed to load (DataFaults)
 
 
 class ASRDataset(Dataset):
@@ -51,19 +54,44 @@ class ASRDataset(Dataset):
         return len(self.utterances)
 
     def load(self, i: int) -> torch.Tensor:
+        """Utterance ``i``'s waveform (n,) float32; AudioError naming its manifest line if it cannot be read."""
         utt = self.utterances[i]
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
-        except ValueError as err:
-            raise ValueError(f"{utt.source}: {err}") from err
+        except AudioError as err:
+            raise AudioError(f"{utt.source}: {err}") from err
         speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
         wave = resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
         return self.augment(wave) if self.augment else wave
 
     def __getitem__(self, indices: list[int]) -> Batch:
-        audio = [self.load(i) for i in indices]
-        tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in indices]
-        return collate(audio, tokens, [self.utterances[i].text for i in indices])
+        """The batch of ``indices``, without those whose audio fails to load (named in ``Batch.dropped``).
+
+        A batch is never empty: if all fail, the next readable utterance stands in, so that
+        every rank still steps and enters the same collectives (DDP, FSDP).
+        """
+        kept, audio, dropped = [], [], []
+        for i in indices:
+            try:
+                audio.append(self.load(i))
+                kept.append(i)
+            except AudioError as err:  # a file deleted or truncated since setup checked it
+                dropped.append(str(err))
+        if not kept:
+            stand_in, waveform = self.first_readable(indices[-1] + 1)
+            kept, audio = [stand_in], [waveform]
+        tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in kept]
+        return collate(audio, tokens, [self.utterances[i].text for i in kept])._replace(dropped=tuple(dropped))
+
+    def first_readable(self, start: int) -> tuple[int, torch.Tensor]:
+        """The first utterance from ``start`` on (wrapping round) whose audio loads, and its waveform."""
+        for step in range(len(self)):
+            i = (start + step) % len(self)
+            try:
+                return i, self.load(i)
+            except AudioError:
+                continue
+        raise AudioError(f"none of the {len(self)} utterances' audio can be read any more")
 
 
 def collate(audio: list[torch.Tensor], tokens: list[torch.Tensor], texts: list[str]) -> Batch:
@@ -80,8 +108,11 @@ class BucketBatchSampler(Sampler[list[int]]):
     Each epoch, utterances are sorted by duration times a random factor in
     [1 - jitter, 1 + jitter] from (seed, epoch), so neighbours and hence batches change
     between epochs while padding stays small, cut greedily into batches, and the batches
-    shuffled. Every rank computes the same list and takes every ``num_replicas``-th batch
-    (see ``rank_batches``). ``shuffle=False`` keeps the sorted order (evaluation, or sorted training).
+    shuffled. Every epoch has the same number of batches (``num_batches``): Lightning fixes
+    its validation step (``val_check_batch``) from ``len`` when fitting starts, and an epoch one
+    batch shorter would never reach it. Every rank computes the same list and takes every
+    ``num_replicas``-th batch (see ``rank_batches``). ``shuffle=False`` keeps the sorted order
+    (evaluation, or sorted training).
     """
 
     def __init__(self, durations: list[float], max_batch_seconds: float, shuffle: bool = True, seed: int = 0,
@@ -99,20 +130,47 @@ class BucketBatchSampler(Sampler[list[int]]):
         """Start the next pass at batch ``batches_done`` of ``epoch`` (mid-epoch resume)."""
         self.epoch, self.skip = epoch, batches_done
 
-    def global_batches(self) -> list[list[int]]:
-        """This epoch's batches for all ranks together, before the per-rank split."""
-        rng = random.Random(self.seed * 100003 + self.epoch)
-        keys = [d * (1 + rng.uniform(-self.jitter, self.jitter)) if self.shuffle else d for d in self.durations]
+    def cut(self, order: list[int]) -> list[list[int]]:
+        """Greedy cut of ``order`` into runs of at most ``max_batch_seconds`` of padded audio (the fewest runs)."""
         batches, batch, longest = [], [], 0.0
-        for i in sorted(range(len(keys)), key=keys.__getitem__):
+        for i in order:
             longest_if_added = max(longest, self.durations[i])
             if batch and longest_if_added * (len(batch) + 1) > self.max_batch_seconds:
                 batches.append(batch)
                 batch, longest_if_added = [], self.durations[i]
             batch.append(i)
             longest = longest_if_added
-        if batch:
-            batches.append(batch)
+        return batches + [batch] if batch else batches
+
+    def sorted_cut(self) -> list[list[int]]:
+        """``cut`` of the utterances sorted by duration: the fewest batches (no jitter)."""
+        return self.cut(sorted(range(len(self.durations)), key=self.durations.__getitem__))
+
+    def jittered_cut(self, rng: random.Random) -> list[list[int]]:
+        """``cut`` of the utterances sorted by duration times a random factor in [1 - jitter, 1 + jitter]."""
+        keys = [d * (1 + rng.uniform(-self.jitter, self.jitter)) for d in self.durations]
+        return self.cut(sorted(range(len(keys)), key=keys.__getitem__))
+
+    @cached_property
+    def num_batches(self) -> int:
+        """Batches per epoch (all ranks together): the most that the sorted cut and 8 jittered cuts drawn
+        from the seed give (without shuffle: the sorted cut's count).
+
+        Jittered cuts vary by a few batches (346-350 on 1,780 Czech clips at 20 s); an epoch's draw
+        over this count is drawn again (then the sorted cut is used) and one under it splits its
+        largest batches, so the count never varies.
+        """
+        draws = [random.Random(f"{self.seed}-count-{k}") for k in range(8 if self.shuffle else 0)]
+        return max([len(self.sorted_cut())] + [len(self.jittered_cut(rng)) for rng in draws])
+
+    def global_batches(self) -> list[list[int]]:
+        """This epoch's ``num_batches`` batches for all ranks together, before the per-rank split."""
+        rng = random.Random(self.seed * 100003 + self.epoch)
+        draws = (self.jittered_cut(rng) for _ in range(4 if self.shuffle else 0))
+        batches = next((cut for cut in draws if len(cut) <= self.num_batches), None)
+        if batches is None:  # no shuffle, or four draws over the count (rare)
+            batches = self.sorted_cut()
+        batches = split_largest(batches, lambda count: count < self.num_batches)
         if self.shuffle:
             rng.shuffle(batches)
         return batches
@@ -128,11 +186,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         To reach a multiple of ``num_replicas`` the largest batches are split in two, so no
         utterance is seen twice; batches repeat only when there are fewer utterances than ranks.
         """
-        batches = self.global_batches()
-        while len(batches) % self.num_replicas and max(map(len, batches)) > 1:
-            largest = max(range(len(batches)), key=lambda i: len(batches[i]))
-            batch = batches.pop(largest)
-            batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+        batches = split_largest(self.global_batches(), lambda count: count % self.num_replicas != 0)
         padded = math.ceil(len(batches) / self.num_replicas) * self.num_replicas
         batches = [batches[i % len(batches)] for i in range(padded)]
         return batches[self.rank :: self.num_replicas]
@@ -141,14 +195,36 @@ class BucketBatchSampler(Sampler[list[int]]):
         return len(self.rank_batches())
 
 
+def split_largest(batches: list[list[int]], more_needed) -> list[list[int]]:
+    """Halve the batch with the most utterances while ``more_needed(len(batches))`` and one has two or more.
+
+    Halves of a batch stay under its padded seconds, and no utterance is repeated.
+    """
+    batches = list(batches)
+    while batches and more_needed(len(batches)) and max(map(len, batches)) > 1:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        batch = batches.pop(largest)
+        batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+    return batches
+
+
 class ResumableLoader(DataLoader):
-    """A DataLoader that Lightning can checkpoint mid-epoch: it remembers how many batches were consumed."""
+    """A DataLoader that Lightning can checkpoint mid-epoch: it remembers how many batches were consumed.
+
+    With ``faults`` set, each batch's ``dropped`` utterances are counted there (main process).
+    """
+
+    faults: DataFaults | None = None
 
     def __iter__(self):
         sampler: BucketBatchSampler = self.sampler
         self.epoch, self.consumed = sampler.epoch, sampler.skip
+        if self.faults:
+            self.faults.start_pass()
         for batch in super().__iter__():
             self.consumed += 1
+            if self.faults:
+                self.faults.record(batch.dropped)
             yield batch
 
     def state_dict(self) -> dict:
@@ -185,6 +261,7 @@ class ASRDataModule(pl.LightningDataModule):
         min_duration: float = 0.1,
         max_duration: float = 20.0,
         on_bad_line: Literal["error", "skip"] = "error",
+        max_dropped_share: float = 0.01,
         num_workers: int = 1,
         seed: int = 0,
         subsampling: int = 4,
@@ -219,6 +296,9 @@ class ASRDataModule(pl.LightningDataModule):
             min_duration: utterances shorter than this (seconds) are bad lines.
             max_duration: utterances longer than this (seconds), or than max_batch_seconds, are bad lines.
             on_bad_line: "error" stops before training and lists bad lines; "skip" drops and counts them.
+            max_dropped_share: audio that fails to load mid-run (deleted or truncated since start-up) is
+                dropped from its batch and named once; above this share of a split in one pass the run stops
+                and lists them.
             num_workers: DataLoader worker processes that read and resample audio.
             seed: seed of the batch order (with the epoch number).
             subsampling: the model's frame subsampling, linked from model.subsampling (CTC feasibility).
@@ -240,9 +320,12 @@ class ASRDataModule(pl.LightningDataModule):
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
+        if not 0 <= max_dropped_share <= 1:
+            raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
         self.save_hyperparameters()
         self.augmentation = Augmentation.from_settings(self.hparams)
         self.datasets: dict[str, ASRDataset] = {}
+        self.faults: dict[str, DataFaults] = {}  # per split, kept across its loaders
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -325,8 +408,11 @@ class ASRDataModule(pl.LightningDataModule):
             seed=self.hparams.seed, num_replicas=world, rank=rank,
         )
         workers = self.hparams.num_workers
-        return ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
-                               num_workers=workers, persistent_workers=workers > 0)
+        loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
+                                 num_workers=workers, persistent_workers=workers > 0)
+        loader.faults = self.faults.setdefault(
+            split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer))
+        return loader
 
     def train_dataloader(self) -> ResumableLoader:
         return self.loader("train", shuffle=self.hparams.shuffle)

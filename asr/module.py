@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.cli import OptimizerCallable
+from pytorch_lightning.utilities import rank_zero_warn
 
 from asr.audio import FeatureConfig, SpecAugment
 from asr.data import Batch
@@ -93,6 +94,7 @@ class ASRModule(pl.LightningModule):
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
         self.errors: dict[str, torch.Tensor] = {}
         self.train_loss: torch.Tensor | None = None  # (sum of batch losses, batches) this epoch, on device
+        self.validated_epoch = -1  # the epoch of the last validation while fitting: the per-epoch line's val/ figures
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ASRModule":
@@ -186,20 +188,25 @@ class ASRModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_error_rates("val")
+        if not self.trainer.sanity_checking:
+            self.validated_epoch = self.current_epoch
 
     def on_test_epoch_end(self) -> None:
         self._log_error_rates("test")
 
     def on_train_epoch_end(self) -> None:
-        """One line per epoch: mean train loss and the validation figures just computed."""
+        """One line per epoch: mean train loss and the validation figures computed in this epoch, if any."""
         totals = self.train_loss if self.train_loss is not None else torch.zeros(2, device=self.device)
         total, batches = self.trainer.strategy.reduce(totals, reduce_op="sum").tolist()
         self.train_loss = None
-        metrics = self.trainer.callback_metrics
         line = f"epoch {self.current_epoch}: train/loss {total / max(batches, 1):.4f}"
-        for name in ("val/loss", "val/wer", "val/cer"):
-            if name in metrics:
-                line += f"  {name} {float(metrics[name]):.4f}"
+        if self.validated_epoch == self.current_epoch:
+            metrics = self.trainer.callback_metrics
+            line += "".join(f"  {name} {float(metrics[name]):.4f}" for name in ("val/loss", "val/wer", "val/cer")
+                            if name in metrics)
+        else:
+            line += "  (no validation in this epoch)"
+            warn_if_validation_was_due(self.trainer)
         self.print(line)
 
     def configure_optimizers(self):
@@ -225,6 +232,19 @@ def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:
     return torch.tensor([words["substitutions"] + words["deletions"] + words["insertions"], words["n"],
                          chars["substitutions"] + chars["deletions"] + chars["insertions"], chars["n"]],
                         dtype=torch.float64)
+
+
+def warn_if_validation_was_due(trainer: pl.Trainer) -> None:
+    """Say loudly that a whole epoch ended without the validation its settings asked for."""
+    every = trainer.check_val_every_n_epoch
+    stopping = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+    if trainer.enable_validation and every and (trainer.current_epoch + 1) % every == 0 and not stopping:
+        rank_zero_warn(
+            f"validation was due after epoch {trainer.current_epoch} but did not run: Lightning validates at "
+            f"training batch {trainer.val_check_batch} of each epoch (val_check_interval; the train loader announced "
+            f"{trainer.num_training_batches}) and this epoch ended after {trainer.fit_loop.epoch_loop.batch_idx + 1}; "
+            "val/ metrics and checkpoint selection still hold an older epoch's figures"
+        )
 
 
 class WarmupCosine:

@@ -76,6 +76,20 @@ def test_evaluation_replicas_get_equally_many_batches_and_see_each_index_once(n)
     assert sorted(i for b in batches[0] + batches[1] for i in b) == list(range(n))
 
 
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_every_epoch_has_as_many_batches_as_len_said_at_the_start(replicas):
+    # Lightning fixes val_check_batch from len() when fitting starts; a shorter epoch never validates.
+    durations = random_durations(2000)  # jittered greedy cuts of these vary from 196 to 199 batches
+    sampler = BucketBatchSampler(durations, 60.0, seed=0, num_replicas=replicas)
+    announced = len(sampler)
+    for number in range(30):
+        batches = epoch(sampler, number)
+        assert len(batches) == announced
+        assert all(padded_seconds(b, durations) <= 60.0 for b in batches)
+    sorted_sampler = BucketBatchSampler(durations, 60.0, shuffle=False, num_replicas=replicas)
+    assert len(sorted_sampler) <= announced
+
+
 def test_padding_is_under_3_percent_on_a_realistic_length_distribution():
     durations = random_durations(2000)
     sampler = BucketBatchSampler(durations, 60.0, seed=0)
@@ -259,3 +273,75 @@ def test_all_bad_lines_are_listed_together_in_line_order(corpus):
         datamodule(corpus).setup("fit")
     listed = re.findall(re.escape(str(corpus.train)) + r":(\d+)", str(err.value))
     assert listed == [str(n + 1), str(n + 2), str(n + 3)]
+
+
+# Validation while fitting
+
+
+def fit_quietly(tmp_path, train, dev, *args: str):
+    """python -m asr.fit with a tiny char model on the given manifests; returns the run folder."""
+    from asr.fit import main
+
+    cli = main(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_model_summary", "false",
+                "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "1", "--data.tokenizer_type", "char",
+                "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", "null",
+                "--data.num_workers", "0", *args])
+    return cli.trainer.log_dir
+
+
+def validated_epochs(run_dir) -> list[int]:
+    import csv
+
+    with open(f"{run_dir}/metrics.csv") as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f) if row.get("val/wer")]
+
+
+def test_validation_runs_after_every_epoch_when_jittered_cuts_vary(corpus, write_audio, tmp_path, capsys):
+    # 64 clips whose jittered greedy cuts into 6 s batches gave 12 batches in epoch 0, then 11:
+    # Lightning's val_check_batch (12) was never reached again and epochs 1 and 2 had no validation.
+    rng = random.Random(25)
+    rows = []
+    for i in range(64):
+        seconds = round(rng.uniform(0.4, 1.5), 2)
+        write_audio(f"clip{i}.flac", seconds, seed=i)
+        rows.append(corpus.row(f"audio/clip{i}.flac", ["two", "nine", "four", "five"][i % 4], seconds))
+    train, dev = corpus.manifest("clips.jsonl", rows), corpus.manifest("clips_dev.jsonl", rows[:4])
+    run_dir = fit_quietly(tmp_path, train, dev, "--trainer.max_epochs", "3", "--data.max_batch_seconds", "6",
+                          "--data.max_duration", "6")
+    assert validated_epochs(run_dir) == [0, 1, 2]
+    lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"epoch \d+: train/loss", line)]
+    assert len(lines) == 3 and all("val/wer" in line for line in lines)
+
+
+def test_an_epoch_without_validation_says_so_instead_of_repeating_older_figures(corpus, tmp_path, capsys):
+    run_dir = fit_quietly(tmp_path, corpus.train, corpus.dev, "--trainer.max_epochs", "3",
+                          "--trainer.check_val_every_n_epoch", "2", "--data.max_batch_seconds", "3")
+    assert validated_epochs(run_dir) == [1]
+    lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"epoch \d+: train/loss", line)]
+    assert ["val/wer" in line for line in lines] == [False, True, False]
+    assert all("no validation in this epoch" in line for line in (lines[0], lines[2]))
+
+
+def due_trainer(**overrides) -> SimpleNamespace:
+    """The trainer fields warn_if_validation_was_due reads: epoch 2 ended after 11 batches of an announced 12."""
+    fields = {"enable_validation": True, "check_val_every_n_epoch": 1, "current_epoch": 2, "should_stop": False,
+              "max_steps": -1, "global_step": 35, "val_check_batch": 12, "num_training_batches": 12,
+              "fit_loop": SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=10))}
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+def test_a_validation_due_that_did_not_run_is_a_warning_naming_the_batch_counts():
+    from asr.module import warn_if_validation_was_due
+
+    with pytest.warns(UserWarning, match=r"due after epoch 2 but did not run.*batch 12 .*announced 12.*after 11"):
+        warn_if_validation_was_due(due_trainer())
+
+
+@pytest.mark.parametrize("overrides", [{"check_val_every_n_epoch": 2}, {"check_val_every_n_epoch": None},
+                                       {"should_stop": True}, {"max_steps": 35}, {"enable_validation": False}])
+def test_no_warning_when_validation_was_not_due(overrides, recwarn):
+    from asr.module import warn_if_validation_was_due
+
+    warn_if_validation_was_due(due_trainer(**overrides))
+    assert not [w for w in recwarn if "validation was due" in str(w.message)]
+

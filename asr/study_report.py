@@ -76,7 +76,8 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Time = steps to converge x seconds per step. Here: the median cost/step_seconds the trial "
               f"measured. On {gpu.devices} x {gpu.name}: an estimate, the trial's model FLOPs per step at an "
-              f"assumed MFU of {gpu.mfu:g} of asr.cost.GPU_PEAKS."]
+              f"assumed MFU of {gpu.mfu:g} of asr.cost.GPU_PEAKS; it leaves out per-step overheads (kernel "
+              "launches, data loading), which dominate a small model's step on a GPU, so it flatters small models."]
     if missing:
         lines += ["", f"Not finished ({len(missing)}): {', '.join(missing)}."]
     return "\n".join(lines) + "\n"
@@ -137,7 +138,8 @@ def plot(rows: list[dict], result: dict, out: Path) -> None:
                 line, = ax.plot(params, [r[key] for r in group], "o-", label=tag)
             else:
                 line, = ax.plot(params, [r["hours_here"] for r in group], "o-", label=f"{tag}, here")
-                ax.plot(params, [r["hours_gpu"] for r in group], "s--", color=line.get_color(), label="  on the GPU (est.)")
+                ax.plot(params, [r["hours_gpu"] for r in group], "s--", color=line.get_color(),
+                        label=f"  on {result['gpu']['name']} (estimate)")
             if key == "steps" and result["k2"] is not None:
                 fit = PowerLaw(result["a"], result["k1"], result["k2"], result["r2"], result["trials"])
                 ax.plot(params, [fit.steps(group[0]["train_hours"], m) for m in params], ":", color=line.get_color())

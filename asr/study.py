@@ -132,6 +132,8 @@ def check(study: Study) -> None:
             raise StudyError(f"{name} must be at least 1, got {getattr(study, name)}")
     if study.max_steps < 2 * study.val_every:
         raise StudyError(f"max_steps {study.max_steps} leaves fewer than 2 validations at val_every {study.val_every}")
+    if not 0 < study.gpu.mfu <= 1 or study.gpu.devices < 1:
+        raise StudyError(f"gpu.mfu must be in (0, 1] and gpu.devices at least 1, got {study.gpu}")
 
 
 def config_args(study: Study) -> list[str]:
@@ -375,8 +377,11 @@ def collect(study: Study, out: Path) -> tuple[list[dict], list[str]]:
             missing.append(trial.name)
             continue
         row = summarise(run, trial, subsets[f"{trial.fraction:g}"]["hours"])
-        rows.append(row | projections(row, study.gpu, str(trainer["precision"]), devices * trainer["num_nodes"],
-                                      study.price_per_device_hour))
+        try:
+            rows.append(row | projections(row, study.gpu, str(trainer["precision"]), devices * trainer["num_nodes"],
+                                          study.price_per_device_hour))
+        except ValueError as err:  # a GPU the table does not know, or not in this precision
+            raise StudyError(str(err)) from err
     return rows, missing
 
 

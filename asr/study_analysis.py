@@ -95,22 +95,26 @@ class Target:
         mfu: the model FLOPs utilisation assumed there (0.3-0.5 is usual for large Transformers).
         devices: GPUs per trial (data parallel).
         price_per_device_hour: price of one GPU for one hour; 0 = no cost.
+        step_overhead: seconds each step takes beyond its FLOPs (kernel launches, optimizer, data), e.g. the
+            cost/step_seconds of a very small model on that GPU; 0 = FLOPs only, which flatters small models.
     """
 
     name: str = "A100"
     mfu: float = 0.4
     devices: int = 1
     price_per_device_hour: float = 0.0
+    step_overhead: float = 0.0
 
 
 def gpu_step_seconds(flops_per_step: float, target: Target, precision: str) -> float:
-    """Estimated seconds per step on ``target``: the step's model FLOPs at the assumed MFU of its peak."""
+    """Estimated seconds per step on ``target``: its step overhead plus the step's model FLOPs at the assumed
+    MFU of its peak (``flops_per_step`` counts the whole job's FLOPs, spread over ``target.devices``)."""
     dtype = compute_dtype(precision, "high")  # fp32 training on a GPU is usually allowed tf32
     peak = gpu_peak_flops(target.name, dtype)
     if peak is None:
         raise ValueError(f"gpu.name {target.name!r}: no {dtype} peak in asr.cost.GPU_PEAKS; "
                          f"name one of its GPUs (A100, H100, L4, A10G, T4, V100, RTX 4090, ...)")
-    return flops_per_step / (peak * target.mfu * target.devices)
+    return target.step_overhead + flops_per_step / (peak * target.mfu * target.devices)
 
 
 def projections(row: dict, target: Target, precision: str, devices_here: int, price_here: float) -> dict:
@@ -147,6 +151,6 @@ def answer(rows: list[dict], target: Target) -> str:
 
     return (f"With the largest data fraction ({here['fraction']:g}: {here['train_hours']:.2f} h of audio), "
             f"{size(here)} converges soonest on this machine ({here['steps']} steps, "
-            f"{duration(here['hours_here'])}); on {target.devices} x {target.name} "
-            f"{size(there)} would ({there['steps']} steps, {duration(there['hours_gpu'])}, an estimate "
+            f"{duration(here['hours_here'])}); on {target.devices} x {target.name} the soonest would be "
+            f"{size(there)} ({there['steps']} steps, {duration(there['hours_gpu'])}, an estimate "
             f"from model FLOPs at MFU {target.mfu:g}).")

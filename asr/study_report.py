@@ -67,17 +67,22 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
         lines.append(f"- fraction {group['fraction']:g} ({group['train_hours']:.3g} h, {group['trials']} trials): "
                      f"k2 = {number(group['k2'])}, R^2 = {number(group['r2'])}, {_plateau(group['plateau_params'])}")
     lines += ["", f"Over all fractions (steps averaged in log space): {_plateau(result['plateau_params'])}.", ""]
+    costs = [(key, label) for key, label, price in (("cost_here", "cost here", study.price_per_device_hour),
+                                                    ("cost_gpu", f"cost on {gpu.name}", gpu.price_per_device_hour))
+             if price]
+    head += [label for _, label in costs]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["fraction"], r["params"])):
         cells = [r["trial"], f"{r['params'] / 1e6:.2f}M", f"{r['train_hours']:.3g}", str(r["steps"]),
                  f"{r['min_val_loss']:.4f}", number(r["val_wer"]), number(r["test_wer"]),
                  number(r["flops_per_step"] / 1e9), number(r["seconds_per_step"]), number(r["audio_hours_seen"]),
-                 _time(r["hours_here"]), _time(r["hours_gpu"])]
+                 _time(r["hours_here"]), _time(r["hours_gpu"]), *(number(r[key]) for key, _ in costs)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Time = steps to converge x seconds per step. Here: the median cost/step_seconds the trial "
               f"measured. On {gpu.devices} x {gpu.name}: an estimate, the trial's model FLOPs per step at an "
-              f"assumed MFU of {gpu.mfu:g} of asr.cost.GPU_PEAKS; it leaves out per-step overheads (kernel "
-              "launches, data loading), which dominate a small model's step on a GPU, so it flatters small models."]
+              f"assumed MFU of {gpu.mfu:g} of asr.cost.GPU_PEAKS, plus {gpu.step_overhead:g} s of overhead per "
+              "step (gpu.step_overhead: kernel launches, optimizer, data; without it the estimate flatters small "
+              "models)."]
     if missing:
         lines += ["", f"Not finished ({len(missing)}): {', '.join(missing)}."]
     return "\n".join(lines) + "\n"

@@ -78,6 +78,9 @@ def test_plateau_is_the_size_beyond_which_steps_stop_falling():
 def test_gpu_projection_uses_the_cost_table_and_names_an_unknown_gpu():
     a100 = Target("A100", mfu=0.5, devices=2, price_per_device_hour=2.0)
     assert gpu_step_seconds(312e12, a100, "bf16-mixed") == pytest.approx(312e12 / (312e12 * 0.5 * 2))
+    slow = Target("A100", mfu=0.5, devices=2, step_overhead=0.02)
+    assert gpu_step_seconds(312e12, slow, "bf16-mixed") == pytest.approx(1.02)
+    assert gpu_step_seconds(19.5e12, Target("A100", mfu=1.0), "32-true") == pytest.approx(19.5 / 156)  # tf32
     with pytest.raises(ValueError, match="gpu.name 'Voodoo 2'"):
         gpu_step_seconds(1e12, Target("Voodoo 2"), "bf16-mixed")
 

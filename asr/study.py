@@ -179,7 +179,8 @@ def draw_subsets(manifest: str, fractions: list[float], seed: int, out: Path) ->
     OUT/data with absolute audio paths. Returns {fraction: {"utterances", "hours"}} (also in subsets.json)."""
     utterances, problems = parse_manifest(manifest)
     if problems:
-        print(f"asr.study: {len(problems)} bad lines of {manifest} are in no subset (first: {problems[0]})")
+        print(f"asr.study: {len(problems)} bad lines of {manifest} are in no subset (first: {problems[0]})",
+              file=sys.stderr)  # stdout stays the commands of --print_commands
     order = list(range(len(utterances)))
     random.Random(seed).shuffle(order)
     subsets = {}

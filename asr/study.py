@@ -357,6 +357,7 @@ def summarise(run: Path, trial: Trial, hours: float) -> dict:
         "train_hours": hours, "params": count_parameters(run), "steps": steps,
         "last_step": max(steps_done(r) for r in rows if r.get("step")), "validations": len(val),
         "min_val_loss": float(best["val/loss"]), "min_val_step": steps_done(best),
+        "converged": steps_done(best) < steps_done(val[-1]),  # a later validation was no better: not cut by max_steps
         "val_wer": float(best.get("val/wer") or "nan"), "val_cer": float(best.get("val/cer") or "nan"),
         "test_wer": float(test.get("test/wer") or "nan"), "test_cer": float(test.get("test/cer") or "nan"),
         "flops_per_step": median(rows, "cost/model_flops_per_s", "cost/step_seconds"),

@@ -16,7 +16,7 @@ from asr.output import write_atomically
 from asr.study_analysis import PowerLaw, answer, duration, fit_power_law, geometric_means, plateau
 
 COLUMNS = ("trial", "width", "depth", "fraction", "train_hours", "params", "steps", "last_step", "validations",
-           "min_val_loss", "min_val_step", "val_wer", "val_cer", "test_wer", "test_cer", "flops_per_step",
+           "min_val_loss", "min_val_step", "converged", "val_wer", "val_cer", "test_wer", "test_cer", "flops_per_step",
            "seconds_per_step", "audio_hours_seen", "hours_here", "device_hours_here", "cost_here",
            "gpu_seconds_per_step", "hours_gpu", "device_hours_gpu", "cost_gpu")
 
@@ -59,6 +59,10 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
     head = ["trial", "params", "data h", "steps to 1%", "min val/loss", "val WER", "test WER", "GFLOP/step",
             "s/step here", "audio h seen", "time here", f"time on {gpu.name} (est.)"]
     lines = ["# Which model size trains fastest?", "", result["answer"], ""]
+    unconverged = [r["trial"] for r in rows if not r["converged"]]
+    if unconverged:
+        lines += [f"Not converged within max_steps (the minimum is the last validation; * below): "
+                  f"{', '.join(unconverged)}. Their steps are a lower bound: raise max_steps.", ""]
     if result["k2"] is not None or result["k1"] is not None:
         lines += [f"Fit over {result['trials']} trials: log steps = log a + k1 log D - k2 log M with a = "
                   f"{number(result['a'])}, k1 = {number(result['k1'])}, k2 = {number(result['k2'])}, "
@@ -73,7 +77,8 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
     head += [label for _, label in costs]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["fraction"], r["params"])):
-        cells = [r["trial"], f"{r['params'] / 1e6:.2f}M", f"{r['train_hours']:.3g}", str(r["steps"]),
+        cells = [r["trial"], f"{r['params'] / 1e6:.2f}M", f"{r['train_hours']:.3g}",
+                 f"{r['steps']}{'' if r['converged'] else '*'}",
                  f"{r['min_val_loss']:.4f}", number(r["val_wer"]), number(r["test_wer"]),
                  number(r["flops_per_step"] / 1e9), number(r["seconds_per_step"]), number(r["audio_hours_seen"]),
                  _time(r["hours_here"]), _time(r["hours_gpu"]), *(number(r[key]) for key, _ in costs)]

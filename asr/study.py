@@ -1,6 +1,6 @@
 """Which model size trains fastest? ``python -m asr.study``: a scaling study over ordinary asr.fit runs.
 
-    python -m asr.study --quick --out runs/study-quick          # 2 widths x 2 data fractions of data/mini, CPU minutes
+    python -m asr.study --quick --out runs/study-quick          # 2 widths x 2 data fractions of data/mini
     python -m asr.study --config configs/study/grid.yaml --out runs/study
     python -m asr.study --config configs/study/grid.yaml --out runs/study --print_commands   # for a job array
     python -m asr.study --collect runs/study                    # analyse whatever trials have finished

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytorch_lightning as pl
 
@@ -31,3 +32,15 @@ def signal_at(step: int, name: str = "SIGTERM", group: bool = False) -> list[str
     """The asr.fit arguments that add a SignalAt callback."""
     spec = {"class_path": "tests.faults.SignalAt", "init_args": {"step": step, "signal": name, "group": group}}
     return [f"--trainer.callbacks+={json.dumps(spec)}"]
+
+
+class SleepOnRank(pl.Callback):
+    """Rank ``rank`` sleeps ``seconds`` in its first on_train_epoch_end: a stuck rank, for timeout tests."""
+
+    def __init__(self, rank: int = 1, seconds: float = 60.0):
+        self.rank, self.seconds = rank, seconds
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
+        if trainer.global_rank == self.rank and self.seconds:
+            seconds, self.seconds = self.seconds, 0
+            time.sleep(seconds)

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from asr import manifest as mf
 from asr.audio import load_audio, num_frames, resample
 from asr.model import subsampled_lengths
+from asr.resilience import ignore_preemption_signals
 from asr.tokenizer import UNK_ID, Tokenizer
 
 
@@ -282,8 +283,8 @@ class ASRDataModule(pl.LightningDataModule):
             seed=self.hparams.seed, num_replicas=world, rank=rank,
         )
         workers = self.hparams.num_workers
-        return ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
-                               num_workers=workers, persistent_workers=workers > 0)
+        return ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is, num_workers=workers,
+                               persistent_workers=workers > 0, worker_init_fn=ignore_preemption_signals)
 
     def train_dataloader(self) -> ResumableLoader:
         return self.loader("train", shuffle=self.hparams.shuffle)

@@ -110,6 +110,13 @@ class Preemption(pl.Callback):
                             "resume with the same command and --ckpt_path last")
 
 
+def ignore_preemption_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: SLURM and machine shutdowns signal every process, and a data worker
+    killed by it would fail its rank before the checkpoint; workers end with their rank instead."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def last_checkpoint_path(trainer: pl.Trainer) -> Path:
     """``last.ckpt`` in the folder of the trainer's ModelCheckpoint callbacks (the run's checkpoints/)."""
     folders = [cb.dirpath for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
@@ -128,8 +135,9 @@ def requeue_slurm_job() -> None:
 
 
 def newest_checkpoint(run_folder: Path) -> Path | None:
-    """The most recently written ``last*.ckpt`` under ``run_folder`` (``<save_dir>/<name>``), any version."""
-    found = [p for p in run_folder.glob("version_*/checkpoints/last*.ckpt")]
+    """The most recently written ``last*.ckpt`` under ``run_folder`` (``<save_dir>/<name>``), any version
+    (or, run without a logger, in ``run_folder/checkpoints``)."""
+    found = [*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt")]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 

@@ -149,7 +149,8 @@ def main(args: list[str] | None = None) -> ASRCLI:
         if callback.best_model_path:
             trainer.print(f"{'best' if callback.monitor else 'last'} checkpoint: {callback.best_model_path}")
     if cli.config.test and cli.datamodule.hparams.test_manifest:
-        best = trainer.checkpoint_callback and trainer.checkpoint_callback.monitor
+        best = trainer.checkpoint_callback  # none yet when max_steps ends the run before any validation
+        best = best and best.monitor and best.best_model_path
         trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best" if best else None, weights_only=True)
     return cli
 

@@ -6,7 +6,7 @@
 - ``Preemption`` (a callback in configs/default.yaml): SIGTERM (spot preemption, ``kill``) or SIGUSR1
   (SLURM's ``--signal=USR1@90``) on any rank makes every rank finish its current optimizer step, write
   ``last.ckpt`` once (weights, optimizer, schedule, loop and sampler position) and exit with status 0.
-  Under SLURM, SIGUSR1 also requeues the job.
+  Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
 - ``newest_checkpoint``: what ``--ckpt_path last`` resumes from, the newest last*.ckpt of the run folder.
 - ``describe_failure``: one line naming the rank and the Lightning hook a collective timed out in.
 """
@@ -74,6 +74,9 @@ class Preemption(pl.Callback):
         self._step = -1
 
     def _handle(self, signum: int, frame) -> None:
+        if self.received:  # a second signal: the user insists (or a rank is stuck), so die as asked
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         self.received = signal.Signals(signum).name
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

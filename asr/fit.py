@@ -21,6 +21,7 @@ out after ``--collective_timeout`` minutes, named by rank and hook.
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 from importlib.util import find_spec
@@ -143,6 +144,8 @@ def main(args: list[str] | None = None) -> ASRCLI:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except RuntimeError as err:
         if is_collective_timeout(err):
+            if trainer.strategy.launcher is not None:  # ranks this process started would wait out their own timeout
+                trainer.strategy.launcher.kill(signal.SIGKILL)
             raise CollectiveTimeout(describe_failure(err, trainer.global_rank, cli.config.collective_timeout)) from err
         raise
     for callback in trainer.checkpoint_callbacks:  # with the default config: the best, then the last

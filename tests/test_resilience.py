@@ -51,7 +51,8 @@ def data(tmp_path_factory) -> list[str]:
 
 
 def run(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run to the end, or kill the whole process group at ``timeout`` seconds and fail."""
+    """Run to the end, or kill the whole process group at ``timeout`` seconds and fail; the returned
+    ``pid`` names the group (its first process's id)."""
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
@@ -60,7 +61,21 @@ def run(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         pytest.fail(f"{' '.join(command)} still running after {timeout} s; stderr:\n{err[-3000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
+    result = subprocess.CompletedProcess(command, process.returncode, out, err)
+    result.pid = process.pid
+    return result
+
+
+def group_alive(pgid: int, seconds: float) -> bool:
+    """Whether any process of group ``pgid`` is still there after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def fit(out: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -259,3 +274,6 @@ def test_a_rank_stuck_past_the_collective_timeout_ends_the_job_naming_rank_and_h
     assert result.returncode != 0
     assert "asr.fit: error: rank 0: a collective (all-reduce, broadcast or barrier) did not complete within " \
            "0.1 min in " in result.stderr
+    if group_alive(result.pid, 15):  # rank 1 is stopped with the job, not left waiting out its own timeout
+        os.killpg(result.pid, signal.SIGKILL)
+        pytest.fail("a rank outlived the job that timed out")

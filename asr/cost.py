@@ -258,6 +258,7 @@ class CostMonitor(pl.Callback):
         self._run_start, self._run_step = time.perf_counter(), trainer.global_step
         self._total_steps = trainer.estimated_stepping_batches  # inf when neither max_steps nor max_epochs
         self._interval = self._window(trainer)
+        self._epoch, self._batch_end = self._window(trainer), self._clock()  # a mid-epoch resume skips epoch start
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch = self._window(trainer)
@@ -288,9 +289,10 @@ class CostMonitor(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step > self._epoch.step:
             figures = self._figures(trainer, pl_module, self._epoch)
-            # Already global; sync_dist averages the ranks' own wall clocks in, and keeps Lightning quiet.
+            # Already global, so no sync_dist: a synced epoch metric is reduced lazily, on rank 0 when its
+            # progress bar asks, and that collective would deadlock against the other ranks' next one.
             pl_module.log_dict({f"cost/{k}_epoch": v for k, v in figures.items()}, on_step=False, on_epoch=True,
-                               batch_size=1, sync_dist=True)
+                               batch_size=1)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause_start = time.perf_counter()

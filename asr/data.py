@@ -24,6 +24,7 @@ from asr.audio import AudioError, load_audio, num_frames, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
 from asr.model import subsampled_lengths
+from asr.resilience import ignore_preemption_signals
 from asr.tokenizer import UNK_ID, Tokenizer
 
 
@@ -409,7 +410,8 @@ class ASRDataModule(pl.LightningDataModule):
         )
         workers = self.hparams.num_workers
         loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
-                                 num_workers=workers, persistent_workers=workers > 0)
+                                 num_workers=workers, persistent_workers=workers > 0,
+                                 worker_init_fn=ignore_preemption_signals)
         loader.faults = self.faults.setdefault(
             split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer))
         return loader

@@ -4,6 +4,7 @@
     python -m asr.fit --config configs/model/small.yaml --config configs/data/8khz.yaml
     python -m asr.fit --trainer.max_epochs 3 --model.d_model 256 --data.max_batch_seconds 120
     python -m asr.fit --ckpt_path runs/default/version_0/checkpoints/last.ckpt   # resume
+    python -m asr.fit --ckpt_path last                  # resume the newest last.ckpt of runs/default/*
     python -m asr.fit --print_config                    # the resolved config, as YAML
 
 ``configs/default.yaml`` is always read first; each ``--config`` is stacked on top of it,
@@ -12,11 +13,17 @@ folder (``runs/<name>/version_<n>/``) beside ``metrics.csv`` and ``checkpoints/`
 The data's tokenizer and sample rate are linked to the model, and the model's
 subsampling to the data, so none of them is typed twice. After fitting, the best
 checkpoint is evaluated on ``data.test_manifest`` (``--test false`` skips that).
+
+Exit status: 0 when training finished or was preempted (SIGTERM / SIGUSR1: a checkpoint was written,
+see asr.resilience); otherwise non-zero with one line saying why, e.g. a collective that timed
+out after ``--collective_timeout`` minutes, named by rank and hook.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import warnings
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -26,7 +33,9 @@ from pytorch_lightning.cli import LightningCLI
 from asr.audio import AudioError
 from asr.data import ASRDataModule
 from asr.manifest import ManifestError
-from asr.module import ASRModule
+from asr.module import ASRModule, NonFiniteLossError
+from asr.resilience import (COLLECTIVE_TIMEOUT_MINUTES, Preempted, describe_failure, is_collective_timeout,
+                            newest_checkpoint, set_collective_timeout)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
@@ -37,7 +46,10 @@ class ASRCLI(LightningCLI):
         parser.link_arguments("data.tokenizer", "model.tokenizer", apply_on="instantiate")
         parser.link_arguments("data.sample_rate", "model.sample_rate")
         parser.link_arguments("model.subsampling", "data.subsampling")
-        parser.add_argument("--ckpt_path", type=str | None, default=None, help="checkpoint to resume training from")
+        parser.add_argument("--ckpt_path", type=str | None, default=None,
+                            help="checkpoint to resume training from; 'last': the run folder's newest last.ckpt")
+        parser.add_argument("--collective_timeout", type=float, default=COLLECTIVE_TIMEOUT_MINUTES,
+                            help="minutes a rank waits in a collective before the job stops with an error")
         parser.add_argument("--test", type=bool, default=True, help="evaluate the best checkpoint on the test set")
 
     def before_instantiate_classes(self) -> None:
@@ -110,22 +122,55 @@ def build(args: list[str] | None = None) -> ASRCLI:
     )
 
 
+def resolve_ckpt_path(cli: ASRCLI) -> str | None:
+    """--ckpt_path, with 'last' resolved to the newest last*.ckpt of <save_dir>/<name> (any version)."""
+    path, logger = cli.config.ckpt_path, cli.trainer.logger
+    if path != "last":
+        return path
+    run_folder = Path(logger.save_dir) / logger.name if logger else Path(cli.trainer.default_root_dir)
+    newest = newest_checkpoint(run_folder)
+    cli.trainer.print(f"--ckpt_path last: {f'resuming from {newest}' if newest else f'none under {run_folder}, starting anew'}")
+    return str(newest) if newest else None
+
+
 def main(args: list[str] | None = None) -> ASRCLI:
     """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data)."""
     cli = build(args)
-    check_resumable(cli.config.ckpt_path)
+    ckpt_path = resolve_ckpt_path(cli)
+    check_resumable(ckpt_path)
     trainer = cli.trainer
-    trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    set_collective_timeout(trainer.strategy, cli.config.collective_timeout)
+    try:
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    except RuntimeError as err:
+        if is_collective_timeout(err):
+            if trainer.strategy.launcher is not None:  # ranks this process started would wait out their own timeout
+                trainer.strategy.launcher.kill(signal.SIGKILL)
+            raise CollectiveTimeout(describe_failure(err, trainer.global_rank, cli.config.collective_timeout)) from err
+        raise
     for callback in trainer.checkpoint_callbacks:  # with the default config: the best, then the last
-        trainer.print(f"{'best' if callback.monitor else 'last'} checkpoint: {callback.best_model_path}")
+        if callback.best_model_path:
+            trainer.print(f"{'best' if callback.monitor else 'last'} checkpoint: {callback.best_model_path}")
     if cli.config.test and cli.datamodule.hparams.test_manifest:
-        best = trainer.checkpoint_callback and trainer.checkpoint_callback.monitor
+        best = trainer.checkpoint_callback  # none yet when max_steps ends the run before any validation
+        best = best and best.monitor and best.best_model_path
         trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best" if best else None, weights_only=True)
     return cli
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete within --collective_timeout minutes (the message names rank and hook)."""
+
+
+# Every value asr logs is summed over ranks before it is logged (see asr.module), so Lightning's advice
+# to log epoch values with sync_dist=True, which would deadlock, does not apply.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(train|val|test|cost)/")
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, ManifestError, AudioError) as err:  # the user's to fix: the message, no traceback
-        sys.exit(f"asr.fit: error: {err}")
+    except Preempted as stop:  # a checkpoint was written: a clean exit that a requeued job resumes from
+        print(f"asr.fit: {stop}", file=sys.stderr)
+    except (ConfigError, ManifestError, AudioError, NonFiniteLossError, CollectiveTimeout) as err:
+        sys.exit(f"asr.fit: error: {err}")  # the message, no traceback

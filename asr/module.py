@@ -3,6 +3,15 @@
 Train, validation and test share ``_shared_step`` and log ``{stage}/loss``; validation
 and test also log ``{stage}/wer`` and ``{stage}/cer``, computed with jiwer over the whole
 set (error counts are summed over batches and ranks, not averaged per batch).
+
+Collectives: every cross-rank sum is an explicit ``strategy.reduce`` in a hook that every rank
+runs at the same point (the training step, validation/test epoch end, before the optimizer
+step), and nothing is logged with ``sync_dist``: Lightning computes synced epoch metrics
+lazily, on rank 0 as early as its progress bar asks for them, which deadlocks against any
+collective the other ranks are in. Logged values are already global when logged.
+
+A non-finite loss or gradient skips that update on every rank together; ``train/skipped_steps``
+counts them and ``max_consecutive_skips`` in a row stop the run (``NonFiniteLossError``).
 Checkpoints carry the tokenizer (``checkpoint["tokenizer"]``), so one file is enough
 to transcribe: ``ASRModule.from_checkpoint(path)``.
 """
@@ -26,6 +35,9 @@ from asr.decoding import greedy
 from asr.model import CTCModel, EncoderConfig
 from asr.output import score
 from asr.tokenizer import BLANK_ID, Tokenizer
+
+# what _shared_step counts per evaluation batch, summed over batches and then over ranks
+EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
 
 
 class ASRModule(pl.LightningModule):
@@ -53,6 +65,7 @@ class ASRModule(pl.LightningModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         warmup_steps: int = 300,
         min_lr_ratio: float = 0.05,
+        max_consecutive_skips: int = 10,
     ):
         """
         Args:
@@ -78,6 +91,8 @@ class ASRModule(pl.LightningModule):
             optimizer: the optimizer class and its arguments (AdamW by default).
             warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
             min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step.
+            max_consecutive_skips: stop the run when this many updates in a row had a non-finite loss or
+                gradient (each is skipped on every rank); 0 = never stop.
         """
         super().__init__()
         if tokenizer is None:
@@ -92,8 +107,10 @@ class ASRModule(pl.LightningModule):
         )
         augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
-        self.errors: dict[str, torch.Tensor] = {}
-        self.train_loss: torch.Tensor | None = None  # (sum of batch losses, batches) this epoch, on device
+        self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
+        self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
+        self.train_loss: list[float] | None = None  # (loss sum, tokens) of this epoch's updates, over all ranks
+        self.skipped_steps, self.consecutive_skips = 0, 0
         self.validated_epoch = -1  # the epoch of the last validation while fitting: the per-epoch line's val/ figures
 
     @classmethod
@@ -110,6 +127,10 @@ class ASRModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokenizer"] = self.tokenizer.serialized
+        checkpoint["skipped_steps"] = (self.skipped_steps, self.consecutive_skips)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.skipped_steps, self.consecutive_skips = checkpoint.get("skipped_steps", (0, 0))
 
     def configure_model(self) -> None:
         """FSDP2 under ModelParallelStrategy: shard each Transformer block, then the rest; then compile.
@@ -149,30 +170,60 @@ class ASRModule(pl.LightningModule):
         log_probs, out_lengths = self.model(audio, lengths)
         return [self.tokenizer.decode(ids) for ids in greedy(log_probs, out_lengths)]
 
-    def _shared_step(self, batch: Batch, stage: str) -> torch.Tensor:
+    def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks; every rank must call it at the same point (see the module docstring)."""
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
+
+    def _shared_step(self, batch: Batch, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed CTC loss of the batch, its target tokens); evaluation also counts word and char errors."""
         log_probs, lengths = self.model(batch.audio, batch.audio_lengths)  # (B, T', V) fp32
-        loss = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths)
-        if stage == "train" and self.trainer.world_size > 1:
-            loss = loss * self.global_token_scale(batch.token_lengths)
-        # sync_dist: under DDP/FSDP the logged loss is the global batch's, not rank 0's share
-        self.log(f"{stage}/loss", loss, batch_size=len(batch.texts), prog_bar=True, on_epoch=True, sync_dist=True)
+        loss_sum = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths, reduction="sum")
+        tokens = batch.token_lengths.sum().to(self.device, torch.float64)
         if stage != "train":
             hypotheses = [self.tokenizer.decode(ids) for ids in greedy(log_probs, lengths)]
-            self.errors[stage] = self.errors.get(stage, 0) + error_counts(batch.texts, hypotheses).to(self.device)
-        return loss
-
-    def global_token_scale(self, token_lengths: torch.Tensor) -> torch.Tensor:
-        """world_size * local tokens / global tokens: with it, the ranks' averaged gradients equal
-        the gradient of the global batch's per-token loss, as one process would compute it."""
-        local = token_lengths.sum().to(self.device, torch.float32)
-        total = self.trainer.strategy.reduce(local.clone(), reduce_op="sum")
-        return self.trainer.world_size * local / total
+            counts = torch.cat([error_counts(batch.texts, hypotheses).to(self.device),
+                                torch.stack([loss_sum.detach().double(), tokens])])
+            self.errors[stage] = self.errors.get(stage, 0) + counts
+        return loss_sum, tokens
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        loss = self._shared_step(batch, "train")
-        totals = torch.stack([loss.detach().float(), torch.ones_like(loss, dtype=torch.float32)])
-        self.train_loss = totals if self.train_loss is None else self.train_loss + totals
-        return loss
+        """The loss to backpropagate: this rank's summed loss over the global batch's tokens, times the
+        world size, so the ranks' averaged gradients equal the gradient of the global batch's per-token
+        loss as one process would compute it."""
+        loss_sum, tokens = self._shared_step(batch, "train")
+        utterances = torch.tensor(float(len(batch.texts)), dtype=torch.float64, device=self.device)
+        totals = self._reduce(torch.stack([loss_sum.detach().double(), tokens, utterances]))  # the global batch's
+        self.step_totals = totals if self.step_totals is None else self.step_totals + totals  # (accumulation)
+        return loss_sum * (self.trainer.world_size / totals[1].clamp(min=1))
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Log the update's global per-token loss, or, when any rank's loss or gradient has a NaN or Inf,
+        skip the update on every rank: gradients are dropped, so weights and optimizer moments stay."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        bad = torch.zeros(1, dtype=torch.float64, device=self.device)
+        # 16-mixed: the GradScaler skips overflowing gradients and tunes its scale itself
+        if params and getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]  # FSDP2 shards
+            bad = torch.stack([torch.isfinite(g).all() for g in grads]).logical_not().any().double().view(1)
+        flagged, loss, tokens, utterances = torch.cat([self._reduce(bad), self.step_totals]).tolist()  # one sync
+        self.step_totals = None
+        if flagged or not math.isfinite(loss):
+            for p in params:
+                p.grad = None
+            self.skipped_steps, self.consecutive_skips = self.skipped_steps + 1, self.consecutive_skips + 1
+            self.print(f"step {self.global_step}: non-finite loss or gradient, update skipped on every rank "
+                       f"({self.consecutive_skips} in a row, {self.skipped_steps} in all)")
+        else:
+            self.consecutive_skips = 0
+            self.log("train/loss", loss / max(tokens, 1), batch_size=int(utterances), prog_bar=True, on_epoch=True)
+            self.train_loss = [x + y for x, y in zip(self.train_loss or [0.0, 0.0], (loss, tokens))]
+        self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        limit = self.hparams.max_consecutive_skips
+        if limit and self.consecutive_skips >= limit:
+            raise NonFiniteLossError(
+                f"{self.consecutive_skips} updates in a row had a non-finite loss or gradient (step "
+                f"{self.global_step}); stopping. Look for bad audio or labels, lower the learning rate, or "
+                "raise --model.max_consecutive_skips.")
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._shared_step(batch, "val")
@@ -180,26 +231,26 @@ class ASRModule(pl.LightningModule):
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._shared_step(batch, "test")
 
-    def _log_error_rates(self, stage: str) -> None:
-        counts = self.errors.pop(stage, torch.zeros(4, dtype=torch.float64, device=self.device))
-        word_errors, words, char_errors, chars = self.trainer.strategy.reduce(counts, reduce_op="sum").tolist()
+    def _log_evaluation(self, stage: str) -> None:
+        counts = self.errors.pop(stage, torch.zeros(len(EVAL_COUNTS), dtype=torch.float64, device=self.device))
+        word_errors, words, char_errors, chars, loss, tokens = self._reduce(counts).tolist()
+        self.log(f"{stage}/loss", loss / max(tokens, 1), prog_bar=True)  # per token over the whole set
         self.log(f"{stage}/wer", word_errors / max(words, 1), prog_bar=True)
         self.log(f"{stage}/cer", char_errors / max(chars, 1), prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_error_rates("val")
+        self._log_evaluation("val")
         if not self.trainer.sanity_checking:
             self.validated_epoch = self.current_epoch
 
     def on_test_epoch_end(self) -> None:
-        self._log_error_rates("test")
+        self._log_evaluation("test")
 
     def on_train_epoch_end(self) -> None:
         """One line per epoch: mean train loss and the validation figures computed in this epoch, if any."""
-        totals = self.train_loss if self.train_loss is not None else torch.zeros(2, device=self.device)
-        total, batches = self.trainer.strategy.reduce(totals, reduce_op="sum").tolist()
+        total, tokens = self.train_loss or (0.0, 0.0)  # global already (on_before_optimizer_step): no collective
         self.train_loss = None
-        line = f"epoch {self.current_epoch}: train/loss {total / max(batches, 1):.4f}"
+        line = f"epoch {self.current_epoch}: train/loss {total / max(tokens, 1):.4f}"
         if self.validated_epoch == self.current_epoch:
             metrics = self.trainer.callback_metrics
             line += "".join(f"  {name} {float(metrics[name]):.4f}" for name in ("val/loss", "val/wer", "val/cer")
@@ -211,18 +262,24 @@ class ASRModule(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())
-        total = max(1, self.trainer.estimated_stepping_batches)
-        schedule = WarmupCosine(self.hparams.warmup_steps, total, self.hparams.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        # The schedule's length is set in on_train_start: trainer.estimated_stepping_batches builds the
+        # train loader, and built here, before a checkpoint is restored, it would start a resumed
+        # epoch from its first batch instead of where the checkpoint left it.
+        self.schedule = WarmupCosine(self.hparams.warmup_steps, None, self.hparams.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def on_train_start(self) -> None:
+        self.schedule.total = max(1, self.trainer.estimated_stepping_batches)
 
-def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor):
-    """CTC loss in fp32, summed over the batch and divided by its target tokens (a per-token mean)."""
+
+def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor,
+             reduction: Literal["mean", "sum"] = "mean"):
+    """CTC loss in fp32, summed over the batch, and with "mean" divided by its target tokens (a per-token mean)."""
     loss = F.ctc_loss(
         log_probs.float().transpose(0, 1), tokens, lengths, token_lengths, blank=BLANK_ID, reduction="sum"
     )
-    return loss / token_lengths.sum().clamp(min=1)
+    return loss if reduction == "sum" else loss / token_lengths.sum().clamp(min=1)
 
 
 def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:
@@ -247,14 +304,21 @@ def warn_if_validation_was_due(trainer: pl.Trainer) -> None:
         )
 
 
-class WarmupCosine:
-    """lr multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``floor`` at ``total``."""
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient (ASRModule.max_consecutive_skips)."""
 
-    def __init__(self, warmup: int, total: int, floor: float):
+
+class WarmupCosine:
+    """lr multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``floor`` at ``total``.
+
+    ``total`` may be set after construction (None until then counts as no progress past warm-up).
+    """
+
+    def __init__(self, warmup: int, total: int | None, floor: float):
         self.warmup, self.total, self.floor = warmup, total, floor
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:
             return (step + 1) / self.warmup
-        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        progress = min(1.0, (step - self.warmup) / max(1, (self.total or step) - self.warmup))
         return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -58,7 +58,7 @@ def corpus(tmp_path_factory) -> Path:
 def fit(out: Path, manifest: Path, *args: str) -> Path:
     """python -m asr.fit in a subprocess (DDP relaunches the command per rank); the run folder."""
     command = [sys.executable, "-m", "asr.fit", "--trainer.logger.init_args.save_dir", str(out),
-               "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1", "--test", "false",
+               "--trainer.log_every_n_steps", "1", "--test", "false",  # the default progress bar stays on
                "--data.train_manifest", str(manifest), "--data.val_manifest", str(manifest), *args]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

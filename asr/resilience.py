@@ -1,0 +1,175 @@
+"""Runs that survive preemption and never hang: atomic checkpoints, SIGTERM/SIGUSR1 checkpoint-and-exit,
+``--ckpt_path last`` across a run's versions, and collective timeouts that end the job with a message.
+
+- ``AtomicCheckpointIO`` (``trainer.plugins`` in configs/default.yaml): each checkpoint is written to
+  a temporary file beside its path and renamed over it, so a kill mid-write leaves the previous file.
+- ``Preemption`` (a callback in configs/default.yaml): SIGTERM (spot preemption, ``kill``) or SIGUSR1
+  (SLURM's ``--signal=USR1@90``) on any rank makes every rank finish its current optimizer step, write
+  ``last.ckpt`` once (weights, optimizer, schedule, loop and sampler position) and exit with status 0.
+  Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
+- ``newest_checkpoint``: what ``--ckpt_path last`` resumes from, the newest last*.ckpt of the run folder.
+- ``describe_failure``: one line naming the rank and the Lightning hook a collective timed out in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins import TorchCheckpointIO
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.utilities import rank_zero_info
+
+from asr.output import write_atomically
+
+# Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
+# far above any collective of a healthy run (a checkpoint write on rank 0, every rank's first compiled step).
+COLLECTIVE_TIMEOUT_MINUTES = 10.0
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save to ``<path>.<random>.partial`` in the checkpoint's folder, fsync, then rename over ``path``.
+
+    Lightning's own writer stages the file in the system temp folder and moves it, which is a copy, not an
+    atomic rename, whenever that folder is on another file system than the run.
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f"{path.name}.*.partial"):  # left by a writer killed mid-write
+            stale.unlink(missing_ok=True)
+        with write_atomically(path) as partial:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+
+
+class Preempted(Exception):
+    """Raised on every rank after the preemption checkpoint is written; asr.fit exits 0 with its message."""
+
+
+class Preemption(pl.Callback):
+    """SIGTERM / SIGUSR1 -> finish the step, write ``last.ckpt`` on every rank's behalf, raise ``Preempted``.
+
+    The signal only sets a flag (a handler must not enter a collective: Lightning's own SIGTERM handler
+    broadcasts from inside the handler and deadlocks). After each optimizer step every rank sums the
+    flags, one tiny all-reduce, so all ranks stop after the same step even when only one was signalled.
+    """
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict = {}
+        self._step = -1
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received:  # a second signal: the user insists (or a rank is stuck), so die as asked
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.received = signal.Signals(signum).name
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after Lightning registered its handlers (Trainer._run), so ours replace them during training
+        self.received, self._step = None, trainer.global_step
+        self._previous = {s: signal.signal(s, self._handle) for s in PREEMPTION_SIGNALS}
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._restore()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        if trainer.global_step == self._step:  # mid gradient accumulation: wait for the update
+            return
+        self._step = trainer.global_step
+        flag = torch.tensor([1.0 if self.received else 0.0], device=trainer.strategy.root_device)
+        if trainer.world_size > 1:
+            flag = trainer.strategy.reduce(flag, reduce_op="sum")
+        if flag.item():
+            path = last_checkpoint_path(trainer)
+            trainer.save_checkpoint(path)  # every rank: FSDP gathers shards, then rank 0 writes
+            signalled = self.received or "a signal on another rank"
+            if self.received == "SIGUSR1" and trainer.is_global_zero:
+                requeue_slurm_job()
+            raise Preempted(f"{signalled}: stopped after step {trainer.global_step} and wrote {path}; "
+                            "resume with the same command and --ckpt_path last")
+
+
+def ignore_preemption_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: SLURM and machine shutdowns signal every process, and a data worker
+    killed by it would fail its rank before the checkpoint; workers end with their rank instead."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def last_checkpoint_path(trainer: pl.Trainer) -> Path:
+    """``last.ckpt`` in the folder of the trainer's ModelCheckpoint callbacks (the run's checkpoints/)."""
+    folders = [cb.dirpath for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+    folder = Path(folders[0]) if folders else Path(trainer.default_root_dir) / "checkpoints"
+    return folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+
+
+def requeue_slurm_job() -> None:
+    """``scontrol requeue`` this SLURM job, so it starts again (with --ckpt_path last it resumes)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if job and re.fullmatch(r"[0-9_]+", job):
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        rank_zero_info(f"scontrol requeue {job}: {'done' if result.returncode == 0 else result.stderr.strip()}")
+
+
+def newest_checkpoint(run_folder: Path) -> Path | None:
+    """The most recently written ``last*.ckpt`` under ``run_folder`` (``<save_dir>/<name>``), any version
+    (or, run without a logger, in ``run_folder/checkpoints``)."""
+    found = [*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt")]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def set_collective_timeout(strategy, minutes: float) -> None:
+    """The process group's timeout (DDP and ModelParallel strategies take it before they set up)."""
+    if hasattr(strategy, "_timeout"):
+        strategy._timeout = timedelta(minutes=minutes)
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def failing_hook(error: BaseException) -> str:
+    """The innermost Lightning hook on the error's traceback, as "Class.hook" ("unknown" if none)."""
+    hook = "unknown"
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        names = frame.f_locals
+        if frame.f_code.co_name == "_call_callback_hooks" and "callback" in names:
+            hook = f"{type(names['callback']).__name__}.{names['hook_name']}"
+        elif frame.f_code.co_name in ("_call_lightning_module_hook", "_call_strategy_hook"):
+            owner = names.get("pl_module") or names["trainer"].strategy
+            hook = f"{type(owner).__name__}.{names['hook_name']}"
+    return hook
+
+
+def describe_failure(error: BaseException, rank: int, minutes: float) -> str:
+    """One line for a collective that timed out: the rank, the hook, and what to look at."""
+    return (f"rank {rank}: a collective (all-reduce, broadcast or barrier) did not complete within {minutes:g} "
+            f"min in {failing_hook(error)}: another rank stopped, or entered a different collective. "
+            "Its log says which; --collective_timeout sets the limit.")

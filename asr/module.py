@@ -42,6 +42,9 @@ class ASRModule(pl.LightningModule):
         subsampling: int = 4,
         attention_window: int = 0,
         conv_channels: int = 0,
+        block: str = "transformer",
+        conv_kernel: int = 31,
+        conv_norm: str = "layer",
         spec_augment: bool = True,
         freq_masks: int = 2,
         freq_width: int = 15,
@@ -67,6 +70,9 @@ class ASRModule(pl.LightningModule):
             subsampling: feature frames per encoder frame, 4 or 8.
             attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
             conv_channels: channels of the subsampling convolutions; 0 = d_model.
+            block: encoder block type, "transformer" or "conformer" (asr.blocks).
+            conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
+            conv_norm: conformer only: norm after the depthwise convolution, "layer" or "batch" (padding-masked).
             spec_augment: frequency and time masking (SpecAugment) during training.
             freq_masks: SpecAugment frequency masks per utterance.
             freq_width: widest frequency mask, in feature bins.
@@ -88,6 +94,7 @@ class ASRModule(pl.LightningModule):
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,
             subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
+            block=block, conv_kernel=conv_kernel, conv_norm=conv_norm,
         )
         augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)

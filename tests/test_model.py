@@ -305,3 +305,20 @@ def test_fit_cli_trains_a_conformer_that_transcribes(tmp_path):
     result = subprocess.run(transcribe, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(out.read_text().splitlines()) == len(rows) and "WER" in result.stdout
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "base"])
+def test_conformer_presets_state_their_parameter_count_and_match_the_transformer_of_their_size(size, char_tokenizer):
+    import re
+
+    from asr.bench import REPO, build_module
+
+    def parameters(preset: str) -> int:
+        return sum(p.numel() for p in build_module(preset, char_tokenizer).parameters())
+
+    header = (REPO / "configs" / "model" / f"conformer-{size}.yaml").read_text().splitlines()[0]
+    stated = float(re.search(r"([\d.]+)M parameters", header).group(1))
+    conformer = parameters(f"conformer-{size}")
+    assert build_module(f"conformer-{size}", char_tokenizer).model.cfg.block == "conformer"
+    assert round(conformer / 1e6, 1) == stated
+    assert abs(conformer / parameters(size) - 1) < 0.02

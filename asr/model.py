@@ -5,8 +5,8 @@
     LayerNorm ──Linear──> (B, T', V) ──log_softmax in fp32──> CTC log-probabilities
 
 T counts feature frames (10 ms each) before subsampling, T' encoder frames after it.
-Lengths are carried explicitly: padded frames are masked out of attention, so an
-utterance's output does not depend on what it was batched with.
+Lengths are carried explicitly: padded frames are masked out of attention (and zeroed before
+a Conformer's convolution), so an utterance's output does not depend on what it was batched with.
 Size presets (tiny ~1M ... xl ~500M parameters) are YAML files in ``configs/model/``.
 The model owns what follows from its shapes: ``frame_seconds``, ``encoder_frames`` and
 ``forward_flops`` (asr.cost asks it; each block type counts its own FLOPs).
@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from asr.audio import HOP_SECONDS, FeatureConfig, FeatureExtractor, SpecAugment, num_frames
 from asr.blocks import attention_mask, block_type, make_block
+
 
 @dataclass
 class EncoderConfig:
@@ -130,7 +131,8 @@ class CTCModel(nn.Module):
         self.features = FeatureExtractor(features)
         self.spec_augment = spec_augment or nn.Identity()
         self.subsampling = Conv2dSubsampling(cfg.n_feats, cfg.d_model, cfg.subsampling, cfg.conv_channels)
-        self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layers))  # cfg.block: see asr.blocks
+        self.absolute_positions = block_type(cfg.block).absolute_positions  # else the blocks encode positions
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
 
@@ -143,7 +145,7 @@ class CTCModel(nn.Module):
             x, lengths = checkpoint(self.subsampling, feats, frames, use_reentrant=False)  # (B, T', d)
         else:
             x, lengths = self.subsampling(feats, frames)  # (B, T', d)
-        if block_type(self.cfg.block).absolute_positions:
+        if self.absolute_positions:
             x = x + sinusoids(x.shape[1], x.shape[2]).to(x.device, x.dtype)
         mask = attention_mask(lengths, x.shape[1], self.cfg.attention_window)
         keep = (torch.arange(x.shape[1], device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
@@ -172,7 +174,7 @@ class CTCModel(nn.Module):
     def forward_flops(self, num_samples: torch.Tensor) -> torch.Tensor:
         """Forward FLOPs (2 per multiply-add) of each utterance run alone: (B,) int64 for (B,) lengths in samples.
 
-        Counts the matrix products and convolutions: subsampling, each block's own count (Block.flops)
+        Counts the matrix products and convolutions: subsampling, each block's own count (block.flops)
         and the CTC head. Left out: the feature front end, norms, activations, softmax (all small).
         Too short an utterance counts as padded to one encoder frame, as forward runs it.
         """

@@ -79,7 +79,7 @@ class ASRModule(pl.LightningModule):
             time_masks: SpecAugment time masks per utterance.
             time_width: widest time mask, as a fraction of the batch's frames.
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
-            compile: torch.compile each Transformer block (after FSDP sharding, if any).
+            compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
             warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
             min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step.
@@ -117,7 +117,7 @@ class ASRModule(pl.LightningModule):
         checkpoint["tokenizer"] = self.tokenizer.serialized
 
     def configure_model(self) -> None:
-        """FSDP2 under ModelParallelStrategy: shard each Transformer block, then the rest; then compile.
+        """FSDP2 under ModelParallelStrategy: shard each encoder block, then the rest; then compile.
 
         Lightning's device mesh is (data_parallel, tensor_parallel) = (nodes, devices per node)
         with sizes "auto". fully_shard on this 2-D mesh replicates across its first dimension and

@@ -1,3 +1,9 @@
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +15,21 @@ from asr.module import ctc_loss
 
 
 BLOCK_TYPES = ["transformer", "conformer"]
+REPO = Path(__file__).resolve().parents[1]
+MINI = REPO / "data" / "mini"
+
+
+def mini_slice(folder: Path, n: int) -> Path:
+    """The first n lines of data/mini/train.jsonl with absolute audio paths, as folder/train.jsonl."""
+    rows = [json.loads(line) for line in (MINI / "train.jsonl").read_text().splitlines()[:n]]
+    absolute = [r | {"audio_filepath": str(MINI / r["audio_filepath"])} for r in rows]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in absolute))
+    return folder / "train.jsonl"
+
+
+def epoch_losses(run: Path) -> list[float]:
+    with open(run / "metrics.csv") as f:
+        return [float(r["train/loss_epoch"]) for r in csv.DictReader(f) if r.get("train/loss_epoch")]
 
 
 @pytest.mark.parametrize("block", BLOCK_TYPES)
@@ -277,17 +298,7 @@ def test_bad_block_settings_are_refused_by_name(overrides, message):
 
 def test_fit_cli_trains_a_conformer_that_transcribes(tmp_path):
     """``python -m asr.fit --model.block conformer`` (default callbacks and progress bar), then asr.transcribe."""
-    import csv
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    mini = Path(__file__).resolve().parents[1] / "data" / "mini"
-    rows = [json.loads(line) for line in (mini / "train.jsonl").read_text().splitlines()[:48]]
-    manifest = tmp_path / "train.jsonl"
-    absolute = [r | {"audio_filepath": str(mini / r["audio_filepath"])} for r in rows]
-    manifest.write_text("".join(json.dumps(r) + "\n" for r in absolute))
+    manifest = mini_slice(tmp_path, 48)
     fit = [sys.executable, "-m", "asr.fit", "--model.block", "conformer", "--model.conv_kernel", "7",
            "--model.d_model", "64", "--model.n_heads", "2", "--model.n_layers", "2", "--model.warmup_steps", "10",
            "--data.tokenizer_type", "char", "--data.train_manifest", str(manifest), "--data.val_manifest",
@@ -296,22 +307,21 @@ def test_fit_cli_trains_a_conformer_that_transcribes(tmp_path):
     result = subprocess.run(fit, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "default" / "version_0"
-    with open(run / "metrics.csv") as f:
-        losses = [float(r["train/loss_epoch"]) for r in csv.DictReader(f) if r.get("train/loss_epoch")]
+    losses = epoch_losses(run)
     assert len(losses) == 3 and losses[-1] < losses[0]
     out = tmp_path / "hyps.jsonl"
     transcribe = [sys.executable, "-m", "asr.transcribe", "--checkpoint", str(run / "checkpoints" / "last.ckpt"),
                   str(manifest), "--output", str(out)]
     result = subprocess.run(transcribe, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(out.read_text().splitlines()) == len(rows) and "WER" in result.stdout
+    assert len(out.read_text().splitlines()) == 48 and "WER" in result.stdout
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "base"])
 def test_conformer_presets_state_their_parameter_count_and_match_the_transformer_of_their_size(size, char_tokenizer):
     import re
 
-    from asr.bench import REPO, build_module
+    from asr.bench import build_module
 
     def parameters(preset: str) -> int:
         return sum(p.numel() for p in build_module(preset, char_tokenizer).parameters())
@@ -322,3 +332,36 @@ def test_conformer_presets_state_their_parameter_count_and_match_the_transformer
     assert build_module(f"conformer-{size}", char_tokenizer).model.cfg.block == "conformer"
     assert round(conformer / 1e6, 1) == stated
     assert abs(conformer / parameters(size) - 1) < 0.02
+
+
+def test_compiled_conformer_blocks_compute_what_eager_blocks_compute(tiny_model, waveforms):
+    eager = tiny_model(block="conformer", conv_norm="batch").eval()
+    compiled = tiny_model(block="conformer", conv_norm="batch").eval()
+    for block in compiled.blocks:
+        block.compile()
+    audio, lengths = waveforms(0.9, 0.5)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(audio, lengths)[0], eager(audio, lengths)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(tmp_path):
+    """2 processes on gloo, FSDP2 fully_shard per Conformer block (batch norm buffers included)."""
+    from asr.transcribe import Transcriber
+
+    manifest = mini_slice(tmp_path, 32)
+    command = [sys.executable, "-m", "asr.fit", "--config", "configs/strategy/fsdp.yaml", "--model.block", "conformer",
+               "--model.conv_norm", "batch", "--model.conv_kernel", "7", "--model.d_model", "64", "--model.n_heads",
+               "2", "--model.n_layers", "2", "--model.checkpoint_every", "1", "--trainer.precision", "bf16-mixed",
+               "--model.warmup_steps", "5", "--data.tokenizer_type", "char", "--data.train_manifest", str(manifest),
+               "--data.val_manifest", str(manifest), "--test", "false", "--data.num_workers", "0",
+               "--trainer.max_epochs", "2", "--trainer.logger.init_args.save_dir", str(tmp_path),
+               # on main, 2 ranks with the progress bar hang at the first epoch's end whatever the block
+               # (issue #10, branch i10-dist); test_fit_cli_trains_a_conformer_that_transcribes keeps the bar on
+               "--trainer.enable_progress_bar", "false"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "default" / "version_0"
+    losses = epoch_losses(run)
+    assert len(losses) == 2 and losses[1] < losses[0]
+    module = Transcriber.from_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert len(module.transcribe([MINI / "audio" / "test" / "000000.flac"])) == 1

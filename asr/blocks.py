@@ -209,18 +209,20 @@ class MaskedBatchNorm(nn.BatchNorm1d):
     """
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        if self.training:
-            count = keep.sum().float().clamp(min=2)
-            mean = (y * keep).sum((0, 1)) / count
-            var = ((y - mean).square() * keep).sum((0, 1)) / count
-            with torch.no_grad():
-                self.running_mean.lerp_(mean, self.momentum)
-                self.running_var.lerp_(var * count / (count - 1), self.momentum)  # unbiased, as nn.BatchNorm1d
-                self.num_batches_tracked += 1
-        else:
-            mean, var = self.running_mean, self.running_var
-        return ((y - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias).to(x.dtype)
+        """x (B, T', d), keep (B, T', 1) -> (B, T', d)."""
+        y = x.float().contiguous()  # x is the convolution's transposed output: torch.export guards on B = 1 otherwise
+        if not self.training:
+            mean, var = self.running_mean.float(), self.running_var.float()
+            return ((y - mean) * torch.rsqrt(var + self.eps) * self.weight.float() + self.bias.float()).to(x.dtype)
+        count = keep.sum().float().clamp(min=2)
+        mean = (y * keep).sum((0, 1)) / count  # (d,) over the frames inside the utterances
+        var = ((y - mean).square() * keep).sum((0, 1)) / count
+        with torch.no_grad():  # the buffers are bf16 under bf16-true
+            self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
+            unbiased = var * count / (count - 1)  # as nn.BatchNorm1d keeps it
+            self.running_var.lerp_(unbiased.to(self.running_var.dtype), self.momentum)
+            self.num_batches_tracked += 1
+        return ((y - mean) * torch.rsqrt(var + self.eps) * self.weight.float() + self.bias.float()).to(x.dtype)
 
 
 class ConvModule(nn.Module):

@@ -30,15 +30,13 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
-from asr.audio import num_frames
 from asr.data import Batch
-from asr.model import CTCModel, min_frames
 from asr.output import write_atomically
 
 PEAK_CACHE = Path.home() / ".cache" / "asr" / "peak_flops.json"  # measured CPU peaks, reused across runs
@@ -74,43 +72,37 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 COUNTS = ("audio_samples", "batch_samples", "utterances", "tokens", "flops", "padded_flops")
 
 
-def forward_flops(model: CTCModel, frames: torch.Tensor) -> torch.Tensor:
-    """Forward-pass FLOPs (2 per multiply-add) of each utterance alone: (B,) int64 for (B,) feature frames T.
+class FlopCounted(Protocol):
+    """What CostMonitor needs of the trained network (asr.model.CTCModel is one)."""
 
-    Counts the matrix products: subsampling convolutions and projection, each block's qkv,
-    output projection, feed-forward and attention (scores and weighted sum, 2 * 2 * T' * keys * d),
-    and the CTC head. Left out: the feature front end, norms, activations, softmax (all small).
-    """
-    cfg, t = model.cfg, frames.long()
-    d, freq, channels = cfg.d_model, cfg.n_feats, 1
-    width = cfg.conv_channels or d  # the subsampling convolutions' channels
-    flops = torch.zeros_like(t)
-    for _ in range(int(math.log2(cfg.subsampling))):  # stride-2 3x3 convolutions, no padding
-        t, freq = ((t - 1) // 2).clamp(min=0), (freq - 1) // 2
-        flops = flops + 2 * t * freq * width * channels * 3 * 3  # output positions x (in channels x kernel)
-        channels = width
-    flops = flops + 2 * t * (width * freq) * d  # (B, T', width * F') -> (B, T', d)
-    linears = 3 * d * d + d * d + 2 * cfg.ff_mult * d * d  # qkv, proj, two feed-forward layers
-    # a frame attends to T' keys, or with attention_window w to at most 2w + 1: FLOPs the model needs,
-    # though the attention kernel still computes every score and masks the rest away
-    keys = t.clamp(max=2 * cfg.attention_window + 1) if cfg.attention_window else t
-    per_block = 2 * t * linears + 2 * 2 * t * keys * d  # attention: q k^T and weights @ v
-    return flops + cfg.n_layers * per_block + 2 * t * d * cfg.vocab_size
+    sample_rate: int  # Hz of the batches' audio
+
+    def forward_flops(self, num_samples: torch.Tensor) -> torch.Tensor:
+        """(B,) lengths in samples -> (B,) forward FLOPs of each utterance run alone."""
+        ...
 
 
-def batch_counts(batch: Batch, model: CTCModel, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def counted(pl_module: pl.LightningModule) -> FlopCounted:
+    """The network whose FLOPs CostMonitor counts: ``pl_module.model`` if it has one, else the module itself."""
+    network = getattr(pl_module, "model", pl_module)
+    flops, rate = getattr(network, "forward_flops", None), getattr(network, "sample_rate", None)
+    if not (callable(flops) and isinstance(rate, int)):
+        raise TypeError(f"CostMonitor counts the FLOPs of {type(network).__name__}: it needs "
+                        "forward_flops(num_samples) and sample_rate, as asr.model.CTCModel has")
+    return network
+
+
+def batch_counts(batch: Batch, model: FlopCounted, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """(len(COUNTS),) totals of one batch, on the batch's device, computed without a host sync.
 
-    ``flops`` counts each utterance at its own length; ``padded_flops`` at the batch's padded
-    length (what the device executed: frames up to the longest, at least the convolutions' reach).
+    ``flops`` counts each utterance at its own length; ``padded_flops`` at the longest one's, the
+    length the model runs the whole batch at (``model.forward_flops`` owns what that executes).
     """
     lengths = batch.audio_lengths
-    frames = num_frames(lengths, model.features.config.sample_rate)
-    executed = frames.max().clamp(min=min_frames(model.cfg.subsampling))
-    flops = forward_flops(model, torch.cat([frames, executed.view(1)]))  # one pass: utterances, then padded
+    flops = model.forward_flops(torch.cat([lengths, lengths.max().view(1)]))  # one pass: utterances, then padded
     return torch.stack([
         lengths.sum(), lengths.new_full((), batch.audio.numel()), lengths.new_full((), len(batch.texts)),
-        batch.token_lengths.sum(), flops[:-1].sum(), flops[-1] * len(frames),
+        batch.token_lengths.sum(), flops[:-1].sum(), flops[-1] * len(lengths),
     ]).to(dtype)
 
 
@@ -242,8 +234,7 @@ class CostMonitor(pl.Callback):
         return _Window(counts, self._clock(), trainer.global_step)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if not isinstance(getattr(pl_module, "model", None), CTCModel):
-            raise TypeError(f"CostMonitor counts the FLOPs of {type(pl_module).__name__}.model: it must be a CTCModel")
+        self._network = counted(pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         device = trainer.strategy.root_device
@@ -274,7 +265,7 @@ class CostMonitor(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch: Batch,
                            batch_idx: int) -> None:
-        counts = batch_counts(batch, pl_module.model, self._dtype)
+        counts = batch_counts(batch, self._network, self._dtype)
         self._interval.counts += counts
         self._epoch.counts += counts
         step, every = trainer.global_step, trainer.log_every_n_steps
@@ -307,7 +298,7 @@ class CostMonitor(pl.Callback):
         summed = trainer.strategy.reduce(window.counts.clone(), reduce_op="sum")  # clone: DDP reduces in place
         totals = dict(zip(COUNTS, summed.tolist()))
         seconds = max(self._clock() - window.start, 1e-9)  # read after the sync, so the device work is in it
-        figures = rates(totals, seconds, pl_module.model.features.config.sample_rate, self._peak)
+        figures = rates(totals, seconds, self._network.sample_rate, self._peak)
         figures["data_wait"] = window.wait / seconds
         figures["step_seconds"] = seconds / (trainer.global_step - window.step)
         return figures

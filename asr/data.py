@@ -20,10 +20,10 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr import manifest as mf
-from asr.audio import AudioError, load_audio, num_frames, resample
+from asr.audio import AudioError, load_audio, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
-from asr.model import subsampled_lengths
+from asr.model import encoder_frames
 from asr.resilience import ignore_preemption_signals
 from asr.tokenizer import UNK_ID, Tokenizer
 
@@ -394,7 +394,7 @@ class ASRDataModule(pl.LightningDataModule):
         if UNK_ID in ids:
             return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer lacks")
         samples = int(utt.duration / fastest * hp.sample_rate)
-        frames = subsampled_lengths(num_frames(samples, hp.sample_rate), hp.subsampling)
+        frames = encoder_frames(samples, hp.sample_rate, hp.subsampling)
         needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # CTC needs a blank between repeats
         if needed > frames:
             detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s gives {frames} encoder frames"

@@ -152,15 +152,14 @@ def export_program(model: nn.Module, sample_rate: int) -> torch.export.ExportedP
 def min_samples(program: torch.export.ExportedProgram, model: nn.Module) -> int:
     """The narrowest audio batch (samples) the graph runs on: its guard on the audio width, and
     wide enough for 2 encoder frames, since torch.export assumes a traced size of 2 or more is never 1."""
-    from asr.model import subsampled_lengths
-
     audio = next(node for node in program.graph.find_nodes(op="placeholder") if node.name == "audio")
     width = audio.meta["val"].shape[1]
     lower = int(program.range_constraints[width.node.expr].lower) if isinstance(width, torch.SymInt) else int(width)
-    frames = 1
-    while subsampled_lengths(frames, model.cfg.subsampling) < 2:
-        frames += 1
-    return max(lower, frames * model.features.config.hop_length)
+    hop = model.features.config.hop_length
+    samples = hop
+    while model.encoder_frames(samples) < 2:
+        samples += hop
+    return max(lower, samples)
 
 
 @dataclass
@@ -207,7 +206,7 @@ def metadata(module: nn.Module, program: torch.export.ExportedProgram, checkpoin
     return {
         "format": FORMAT, "version": FORMAT_VERSION,
         "sample_rate": features.sample_rate,
-        "frame_seconds": features.hop_length / features.sample_rate * module.model.cfg.subsampling,
+        "frame_seconds": module.model.frame_seconds,
         "min_samples": min_samples(program, module.model),
         "vocab_size": module.tokenizer.vocab_size, "blank_id": BLANK_ID,
         "features": asdict(features),

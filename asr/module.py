@@ -55,6 +55,9 @@ class ASRModule(pl.LightningModule):
         subsampling: int = 4,
         attention_window: int = 0,
         conv_channels: int = 0,
+        block: str = "transformer",
+        conv_kernel: int = 31,
+        conv_norm: str = "layer",
         spec_augment: bool = True,
         freq_masks: int = 2,
         freq_width: int = 15,
@@ -81,13 +84,16 @@ class ASRModule(pl.LightningModule):
             subsampling: feature frames per encoder frame, 4 or 8.
             attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
             conv_channels: channels of the subsampling convolutions; 0 = d_model.
+            block: encoder block type, "transformer" or "conformer" (asr.blocks).
+            conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
+            conv_norm: conformer only: norm after the depthwise convolution, "layer" or "batch" (padding-masked).
             spec_augment: frequency and time masking (SpecAugment) during training.
             freq_masks: SpecAugment frequency masks per utterance.
             freq_width: widest frequency mask, in feature bins.
             time_masks: SpecAugment time masks per utterance.
             time_width: widest time mask, as a fraction of the batch's frames.
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
-            compile: torch.compile each Transformer block (after FSDP sharding, if any).
+            compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
             warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
             min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step.
@@ -104,6 +110,7 @@ class ASRModule(pl.LightningModule):
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,
             subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
+            block=block, conv_kernel=conv_kernel, conv_norm=conv_norm,
         )
         augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
@@ -133,7 +140,7 @@ class ASRModule(pl.LightningModule):
         self.skipped_steps, self.consecutive_skips = checkpoint.get("skipped_steps", (0, 0))
 
     def configure_model(self) -> None:
-        """FSDP2 under ModelParallelStrategy: shard each Transformer block, then the rest; then compile.
+        """FSDP2 under ModelParallelStrategy: shard each encoder block, then the rest; then compile.
 
         Lightning's device mesh is (data_parallel, tensor_parallel) = (nodes, devices per node)
         with sizes "auto". fully_shard on this 2-D mesh replicates across its first dimension and

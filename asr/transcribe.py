@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from asr import export
 from asr import manifest as mf
-from asr.audio import HOP_SECONDS, AudioError, check_finite, load_audio, resample
+from asr.audio import AudioError, check_finite, load_audio, resample
 from asr.data import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
 from asr.inputs import check_all, collect, failed, in_order
@@ -101,7 +101,7 @@ class CheckpointModel:
         self.module, self.device = module.to(device).eval(), torch.device(device)
         self.sample_rate: int = module.hparams.sample_rate
         self.tokenizer: Tokenizer = module.tokenizer
-        self.frame_seconds: float = HOP_SECONDS * module.hparams.subsampling
+        self.frame_seconds: float = module.model.frame_seconds
 
     @torch.inference_mode()
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

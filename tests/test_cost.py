@@ -20,11 +20,14 @@ from asr.module import ASRModule
 from asr.tokenizer import Tokenizer
 
 
-def tiny(sample_rate: int = 16000, conv_channels: int = 0, attention_window: int = 0) -> CTCModel:
+def tiny(sample_rate: int = 16000, conv_channels: int = 0, attention_window: int = 0, **block) -> CTCModel:
     features = FeatureConfig.preset(sample_rate)
     cfg = EncoderConfig(vocab_size=5, n_feats=features.n_feats, d_model=8, n_heads=2, n_layers=2, ff_mult=2,
-                        conv_channels=conv_channels, attention_window=attention_window)
+                        conv_channels=conv_channels, attention_window=attention_window, **block)
     return CTCModel(features, cfg).eval()
+
+
+HOP = 160  # samples per feature frame at 16 kHz
 
 
 def test_forward_flops_match_a_hand_count():
@@ -35,28 +38,39 @@ def test_forward_flops_match_a_hand_count():
     # a block over T' = 4: qkv 2*4*8*24 = 1536, proj 2*4*8*8 = 512, ff 2 * 2*4*8*16 = 2048,
     #   attention 2 * 2*4*4*8 = 512 -> 4608; two blocks 9216
     # head 2*4*8*5 = 320
-    # 6 frames: conv1 keeps time (6-1)//2 = 2 -> 2*2*39*8*9 = 11232; conv2 leaves (2-1)//2 = 0 frames.
-    flops = cost.forward_flops(tiny(), torch.tensor([20, 6]))
-    assert flops.tolist() == [50544 + 87552 + 9728 + 9216 + 320, 11232]
+    # 6 frames run alone are padded to the 7 one encoder frame needs: conv1 (7-1)//2 = 3 frames,
+    # 2*3*39*8*9 = 16848; conv2 1 frame, 2*1*19*8*72 = 21888; out 2*1*152*8 = 2432;
+    # a block over T' = 1: 384 + 128 + 512 + 2*2*1*1*8 = 1056, two 2112; head 2*1*8*5 = 80
+    flops = tiny().forward_flops(torch.tensor([20 * HOP, 6 * HOP]))
+    assert flops.tolist() == [50544 + 87552 + 9728 + 9216 + 320, 16848 + 21888 + 2432 + 2112 + 80]
+
+
+def test_conformer_flops_match_a_hand_count():
+    # as above up to the blocks (20 frames -> T' = 4: 50544 + 87552 + 9728), kernel 3, d 8, ff 16; per block:
+    # two feed-forwards 2 * 2*4*(8*16 + 16*8) = 4096, qkv and proj 2*4*(24*8 + 8*8) = 2048, attention 512,
+    # conv module: pointwise 2*4*8*16 = 1024, depthwise 2*4*8*3 = 192, pointwise 2*4*8*8 = 512 -> 8384
+    flops = tiny(block="conformer", conv_kernel=3).forward_flops(torch.tensor([20 * HOP]))
+    assert flops.tolist() == [50544 + 87552 + 9728 + 2 * 8384 + 320]
 
 
 def test_windowed_attention_counts_only_the_keys_a_frame_may_see():
     # window 1: a frame of the T' = 4 above sees at most 3 keys, so a block's attention is
     # 2*2*4*3*8 = 384 FLOPs, not 512; two blocks count 256 fewer
-    flops = cost.forward_flops(tiny(attention_window=1), torch.tensor([20]))
+    flops = tiny(attention_window=1).forward_flops(torch.tensor([20 * HOP]))
     assert flops.tolist() == [50544 + 87552 + 9728 + 9216 - 256 + 320]
 
 
-@pytest.mark.parametrize("conv_channels", [0, 3])
-def test_forward_flops_agree_with_torch_flop_counter_on_a_padded_batch(conv_channels):
-    model = tiny(8000, conv_channels)  # linear features: the front end has no matrix product for the counter to add
+@pytest.mark.parametrize("conv_channels, block", [(0, {}), (3, {}), (0, {"block": "conformer", "conv_kernel": 5}),
+                                                   (0, {"block": "conformer", "conv_norm": "batch"})])
+def test_forward_flops_agree_with_torch_flop_counter_on_a_padded_batch(conv_channels, block):
+    model = tiny(8000, conv_channels, **block)  # linear features: the front end has no matrix product to count
     lengths = torch.tensor([8000, 5000])  # 100 and 62 feature frames
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:  # math SDPA: countable bmm
         model(torch.randn(2, 8000), lengths)
     batch = Batch(torch.randn(2, 8000), lengths, torch.ones(2, 3, dtype=torch.long), torch.tensor([3, 2]), ["a", "b"])
     counts = dict(zip(cost.COUNTS, cost.batch_counts(batch, model).tolist()))
     assert counts["padded_flops"] == counter.get_total_flops()
-    assert counts["flops"] == cost.forward_flops(model, torch.tensor([100, 62])).sum()
+    assert counts["flops"] == model.forward_flops(lengths).sum()
 
 
 def test_padding_and_rates_of_a_constructed_batch():
@@ -69,9 +83,9 @@ def test_padding_and_rates_of_a_constructed_batch():
     assert figures["padding"] == pytest.approx((0 + 8000 + 12000) / 48000)
     assert figures["x_real_time"] == pytest.approx(1.75 / 0.5)
     assert figures["utterances_per_s"] == 6 and figures["tokens_per_s"] == 14
-    useful = cost.forward_flops(model, torch.tensor([100, 50, 25])).sum().item()
+    useful = model.forward_flops(torch.tensor([16000, 8000, 4000])).sum().item()
     assert figures["mfu"] == pytest.approx(3 * useful / 0.5 / 1e9)
-    padded = 3 * cost.forward_flops(model, torch.tensor([100])).item()
+    padded = 3 * model.forward_flops(torch.tensor([16000])).item()
     assert figures["padding_flops"] == pytest.approx(1 - useful / padded)
 
 
@@ -139,3 +153,20 @@ def test_cost_metrics_appear_in_a_short_fit(tmp_path, monkeypatch):
     assert (tmp_path / "peak_flops.json").is_file()
     logged = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"cost/x_real_time", "cost/mfu", "cost/mfu_epoch", "cost/run_cost"} <= set(logged)
+
+
+def test_cost_monitor_counts_any_module_that_reports_its_flops():
+    class Counted(pl.LightningModule):
+        sample_rate = 8000
+
+        def forward_flops(self, num_samples: torch.Tensor) -> torch.Tensor:
+            return 10 * num_samples
+
+    module = Counted()
+    assert cost.counted(module) is module  # no .model: the module itself
+    batch = Batch(torch.zeros(2, 800), torch.tensor([800, 400]), torch.ones(2, 1, dtype=torch.long),
+                  torch.tensor([1, 1]), ["a", "b"])
+    counts = dict(zip(cost.COUNTS, cost.batch_counts(batch, module).tolist()))
+    assert counts["flops"] == 12000 and counts["padded_flops"] == 16000
+    with pytest.raises(TypeError, match=r"CostMonitor counts the FLOPs of LightningModule: it needs forward_flops"):
+        cost.counted(pl.LightningModule())

@@ -101,7 +101,7 @@ def ddp_fit(corpus, tmp_path, *args: str) -> subprocess.CompletedProcess:
     corpus.write(train_extra=[corpus.row("audio/cut.flac", "call")])
     command = [sys.executable, "-m", "asr.fit", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
                "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.max_epochs", "2",
-               "--trainer.enable_progress_bar", "false", "--test", "false",
+               "--test", "false",
                "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "1",
                "--data.tokenizer_type", "char", "--data.num_workers", "0", "--data.max_batch_seconds", "1.3",
                "--data.max_duration", "1.3", "--data.shuffle", "false", "--data.train_manifest", str(corpus.train),

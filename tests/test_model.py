@@ -354,10 +354,7 @@ def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(
                "2", "--model.n_layers", "2", "--model.checkpoint_every", "1", "--trainer.precision", "bf16-mixed",
                "--model.warmup_steps", "5", "--data.tokenizer_type", "char", "--data.train_manifest", str(manifest),
                "--data.val_manifest", str(manifest), "--test", "false", "--data.num_workers", "0",
-               "--trainer.max_epochs", "2", "--trainer.logger.init_args.save_dir", str(tmp_path),
-               # on main, 2 ranks with the progress bar hang at the first epoch's end whatever the block
-               # (issue #10, branch i10-dist); test_fit_cli_trains_a_conformer_that_transcribes keeps the bar on
-               "--trainer.enable_progress_bar", "false"]
+               "--trainer.max_epochs", "2", "--trainer.logger.init_args.save_dir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "default" / "version_0"

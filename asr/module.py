@@ -75,9 +75,9 @@ class ASRModule(pl.LightningModule):
             tokenizer: linked from data.tokenizer; its vocab_size sets the CTC head's width.
             sample_rate: Hz, linked from data.sample_rate; picks the feature preset.
             features: "auto" (8 kHz: 81-bin linear, 16 kHz: 80 log-mel), or force "mel" / "linear".
-            d_model: Transformer width.
+            d_model: encoder width.
             n_heads: attention heads; must divide d_model.
-            n_layers: Transformer blocks.
+            n_layers: encoder blocks.
             ff_mult: feed-forward width as a multiple of d_model.
             dropout: dropout on each block's residual branches and inside its feed-forward.
             attention_dropout: dropout on the attention weights (0 keeps the fused attention kernel).

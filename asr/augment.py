@@ -184,8 +184,11 @@ def gain(wave: torch.Tensor, db: float) -> torch.Tensor:
 
 
 def random_voice(dataset: ASRDataset, generator: torch.Generator) -> torch.Tensor:
-    """One utterance of ``dataset`` drawn by ``generator``, as loaded: the babble source (pass an unaugmented set)."""
-    return dataset.load(int(torch.randint(len(dataset), (), generator=generator)))
+    """One utterance of ``dataset`` drawn by ``generator``, as loaded: the babble source (pass an unaugmented set).
+
+    A drawn file that no longer loads is passed over for the next readable one: it is the babble's
+    loss, not the utterance being augmented's (asr.datafaults counts that file when its own batch comes)."""
+    return dataset.first_readable(int(torch.randint(len(dataset), (), generator=generator)))[1]
 
 
 class Augmenter:

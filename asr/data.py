@@ -20,11 +20,11 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr import manifest as mf
-from asr.audio import AudioError, load_audio, resample
+from asr.audio import AudioError, check_finite, load_audio, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
 from asr.model import encoder_frames
-from asr.resilience import ignore_preemption_signals
+from asr.resilience import init_data_worker
 from asr.tokenizer import UNK_ID, Tokenizer
 
 
@@ -59,6 +59,7 @@ class ASRDataset(Dataset):
         utt = self.utterances[i]
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+            check_finite(samples, "audio")
         except AudioError as err:
             raise AudioError(f"{utt.source}: {err}") from err
         speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
@@ -411,7 +412,7 @@ class ASRDataModule(pl.LightningDataModule):
         workers = self.hparams.num_workers
         loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
                                  num_workers=workers, persistent_workers=workers > 0,
-                                 worker_init_fn=ignore_preemption_signals)
+                                 worker_init_fn=partial(init_data_worker, rank=rank))
         loader.faults = self.faults.setdefault(
             split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer))
         return loader

@@ -51,6 +51,9 @@ def write_atomically(path: str | Path) -> Iterator[Path]:
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
     os.close(handle)
     partial = Path(name)
+    umask = os.umask(0)
+    os.umask(umask)
+    partial.chmod(0o666 & ~umask)  # mkstemp makes it 0600: a checkpoint teammates cannot read
     try:
         yield partial
         os.replace(partial, path)

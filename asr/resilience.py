@@ -24,6 +24,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins import TorchCheckpointIO
+from lightning_fabric.utilities.seed import pl_worker_init_function
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
@@ -113,9 +114,13 @@ class Preemption(pl.Callback):
                             "resume with the same command and --ckpt_path last")
 
 
-def ignore_preemption_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: SLURM and machine shutdowns signal every process, and a data worker
-    killed by it would fail its rank before the checkpoint; workers end with their rank instead."""
+def init_data_worker(worker_id: int, rank: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: seed the worker from (seed, worker, rank) as Lightning's own
+    ``pl_worker_init_function`` does (which a custom worker_init_fn replaces; without the rank, every
+    rank would draw the same augmentations), and ignore the preemption signals: SLURM and machine
+    shutdowns signal every process, and a data worker killed by it would fail its rank before the
+    checkpoint; workers end with their rank instead."""
+    pl_worker_init_function(worker_id, rank)
     for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
@@ -151,8 +156,10 @@ def set_collective_timeout(strategy, minutes: float) -> None:
 
 
 def is_collective_timeout(error: BaseException) -> bool:
+    """A collective of torch.distributed that timed out, by the backends' own words (gloo raises a plain
+    RuntimeError, nccl a DistBackendError); not any error that mentions a timeout."""
     text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
+    return isinstance(error, RuntimeError) and ("timed out waiting" in text or "collective operation timeout" in text)
 
 
 def failing_hook(error: BaseException) -> str:

@@ -5,8 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import pytorch_lightning as pl
+import soundfile
+import torch
+
+from asr.augment import random_voice
 
 from asr.datafaults import DataFaultError
 from test_data import datamodule, validated_epochs
@@ -35,6 +40,27 @@ def test_a_batch_whose_every_utterance_broke_holds_the_next_readable_one_so_ever
         (corpus.root / "audio" / name).unlink()
     batch = dm.datasets["train"][[1, 2]]
     assert batch.texts == [corpus.train_rows[3]["text"]] and len(batch.dropped) == 2
+
+
+def test_audio_with_nan_samples_is_dropped_and_named_like_an_unreadable_file(corpus):
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    nan = np.full(16000, np.nan, np.float32)  # a corrupt float WAV where a.flac was
+    soundfile.write(corpus.root / "audio" / "a.flac", nan, 16000, format="WAV", subtype="FLOAT")
+    batch = dm.datasets["train"][[0, 1]]
+    assert batch.texts == [corpus.train_rows[1]["text"]]
+    assert len(batch.dropped) == 1 and "NaN or infinite" in batch.dropped[0]
+    assert batch.dropped[0].startswith(f"{corpus.train}:1: ")
+
+
+def test_a_babble_source_that_no_longer_loads_is_passed_over_not_the_utterance_being_augmented(corpus):
+    dm = datamodule(corpus)
+    dm.setup("fit")
+    dataset = dm.datasets["train"]
+    (corpus.root / "audio" / "a.flac").unlink()  # utterance 0
+    for seed in range(20):  # some of these draws pick utterance 0
+        voice = random_voice(dataset, torch.Generator().manual_seed(seed))
+        assert voice.numel() > 0
 
 
 def broken_epochs(dm, epochs: int) -> list[str]:

@@ -11,6 +11,7 @@ model's adapter and the CLI.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -293,3 +294,14 @@ def test_files_appear_whole_or_not_at_all(tmp_path):
         raise RuntimeError("the writer failed")
     assert target.read_text() == "first"  # the old file stands
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # and no temporary file is left
+
+
+def test_atomically_written_files_get_the_permissions_of_an_ordinary_file(tmp_path):
+    """mkstemp's 0600 would make checkpoints and outputs unreadable to the rest of a team."""
+    umask = os.umask(0o022)
+    try:
+        with write_atomically(tmp_path / "shared.ckpt") as partial:
+            partial.write_text("weights")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "shared.ckpt").stat().st_mode & 0o777 == 0o644

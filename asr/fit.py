@@ -135,7 +135,10 @@ def resolve_ckpt_path(cli: ASRCLI) -> str | None:
 
 def main(args: list[str] | None = None) -> ASRCLI:
     """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data)."""
-    cli = build(args)
+    try:
+        cli = build(args)
+    except ValueError as err:  # a constructor refused a setting; its message names the flag
+        raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from err
     ckpt_path = resolve_ckpt_path(cli)
     check_resumable(ckpt_path)
     trainer = cli.trainer

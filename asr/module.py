@@ -57,7 +57,7 @@ class ASRModule(pl.LightningModule):
         conv_channels: int = 0,
         block: str = "transformer",
         conv_kernel: int = 31,
-        conv_norm: str = "layer",
+        conv_norm: Literal["layer", "batch"] = "layer",
         spec_augment: bool = True,
         freq_masks: int = 2,
         freq_width: int = 15,

@@ -137,6 +137,18 @@ def test_unknown_config_key_is_named(capsys):
     assert "d_modle" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--data.noise_prob", "2"], "asr.fit: error: data.noise_prob must be a probability in [0, 1], got 2.0"),
+    (["--model.block", "conformer", "--model.conv_kernel", "4"], "asr.fit: error: model.conv_kernel must be odd"),
+    (["--data.max_dropped_share", "3"], "asr.fit: error: data.max_dropped_share must be between 0 and 1"),
+])
+def test_a_setting_a_constructor_refuses_is_one_line_naming_it(args, message):
+    result = subprocess.run([sys.executable, "-m", "asr.fit", *args, "--trainer.max_epochs", "0"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
+
+
 def test_print_config_shows_the_linked_resolved_config(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--print_config", "--model.d_model", "96"])

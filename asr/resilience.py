@@ -81,8 +81,9 @@ class Preemption(pl.Callback):
         self.received = signal.Signals(signum).name
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # after Lightning registered its handlers (Trainer._run), so ours replace them during training
-        self.received, self._step = None, trainer.global_step
+        # after Lightning registered its handlers (Trainer._run), so ours replace them during training;
+        # a SIGTERM that Lightning's handler took while the checkpoint and loaders were being set up counts
+        self.received, self._step = ("SIGTERM" if trainer.received_sigterm else None), trainer.global_step
         self._previous = {s: signal.signal(s, self._handle) for s in PREEMPTION_SIGNALS}
 
     def _restore(self) -> None:

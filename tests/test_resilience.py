@@ -305,3 +305,18 @@ def test_only_a_collective_that_timed_out_counts_as_one():
     assert is_collective_timeout(torch.distributed.DistBackendError("Watchdog caught collective operation timeout"))
     assert not is_collective_timeout(RuntimeError("DataLoader worker (pid 12) timed out after 60 seconds"))
 
+
+
+def test_a_sigterm_taken_by_lightning_before_training_started_still_stops_at_the_first_step():
+    """Between Lightning's handler registration and on_train_start (restoring, building loaders) a
+    SIGTERM lands in Lightning's flag; the preemption callback must honour it, not reset it."""
+    from types import SimpleNamespace
+
+    from asr.resilience import Preemption
+
+    preemption = Preemption()
+    preemption.on_train_start(SimpleNamespace(received_sigterm=True, global_step=7), None)
+    try:
+        assert preemption.received == "SIGTERM"
+    finally:
+        preemption.on_train_end(None, None)

@@ -51,7 +51,8 @@ from torch.utils.data import DataLoader
 
 from asr import cost
 from asr.audio import FeatureConfig, FeatureExtractor
-from asr.data import ASRDataModule, Batch, BucketBatchSampler
+from asr.data import ASRDataModule, Batch
+from asr.sampler import BucketBatchSampler
 from asr.model import CTCModel
 from asr.module import ASRModule, WarmupCosine, ctc_loss
 from asr.output import write_atomically

@@ -56,7 +56,7 @@ from tqdm import tqdm
 from asr import export
 from asr import manifest as mf
 from asr.audio import AudioError, check_finite, load_audio, resample
-from asr.data import BucketBatchSampler
+from asr.sampler import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
 from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched

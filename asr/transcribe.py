@@ -187,21 +187,15 @@ class Transcriber:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         utterances = [u if isinstance(u, mf.Utterance) else mf.Utterance(Path(u), 0.0, "", source=str(u))
                       for u in inputs]
-        results: list[Result | None] = [None] * len(utterances)
-        checked, positions = [], []
-        for i, utt in enumerate(utterances):
-            item, _ = self.check(utt)
-            if isinstance(item, mf.Problem) and on_error == "stop":
-                raise TranscriptionError(str(item))
-            if isinstance(item, mf.Problem):
-                results[i] = failed(utt, str(item))
-            else:
-                checked.append(item)
-                positions.append(i)
-        for j, result in self.stream(checked):
+        order, checked, _ = check_all(self.check, [(utt, "") for utt in utterances])
+        unreadable = next((item for item in order if isinstance(item, Result)), None)
+        if unreadable and on_error == "stop":
+            raise TranscriptionError(unreadable.error)
+        results = []
+        for _, result in in_order(order, self.stream(checked)):
             if result.error and on_error == "stop":
                 raise TranscriptionError(result.error)
-            results[positions[j]] = result
+            results.append(result)
         return results
 
     def check(self, utt: mf.Utterance) -> tuple[mf.Utterance | mf.Problem, dict]:

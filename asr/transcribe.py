@@ -115,6 +115,10 @@ def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: {'not a file' if path.exists() else 'no such file'}")
     try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:  # e.g. cuda on a machine without a GPU: the device, not the file
+        raise CheckpointError(f"--device {device}: {str(err).splitlines()[0]}") from err
+    try:
         if export.is_exported(path):
             return export.load(path, device)
         return CheckpointModel(ASRModule.from_checkpoint(path, map_location=device), device)

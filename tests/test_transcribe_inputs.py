@@ -206,6 +206,13 @@ def test_bad_checkpoints_and_flags_are_one_line_and_exit_2(checkpoint, inputs, t
     assert exit_.value.code == 0 and "exit codes:\n  0  every input" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_a_device_this_machine_lacks_is_named_as_the_device_not_the_checkpoint(checkpoint, inputs, capsys):
+    assert main(["--checkpoint", str(checkpoint), "--device", "cuda", str(inputs["audio"] / "plain.flac")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--device cuda: " in err and "not a checkpoint" not in err, err
+
+
 def test_a_folder_that_cannot_be_read_is_named_and_the_rest_is_transcribed(checkpoint, inputs, monkeypatch, capsys):
     """As root, chmod cannot make a folder unreadable: the listing refuses it as the OS would."""
     locked = inputs["audio"] / "locked"

@@ -234,14 +234,15 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_pat
 
 
 def nan_corpus(root: Path, bad: int, count: int = 12) -> list[str]:
-    """``count`` bundled utterances, the first ``bad`` of them rewritten as float WAVs full of NaN."""
+    """``count`` bundled utterances, the first ``bad`` of them rewritten as float WAVs so loud (1e36, finite:
+    the data loader keeps them; NaN samples it would drop as broken files) that their features overflow."""
     rows = [json.loads(line) for line in (MINI / "train.jsonl").read_text().splitlines()[:count]]
     for i, row in enumerate(rows):
         row["audio_filepath"] = str(MINI / row["audio_filepath"])
         if i < bad:
             audio, rate = soundfile.read(row["audio_filepath"], dtype="float32")
-            row["audio_filepath"] = str(root / f"nan{i}.wav")
-            soundfile.write(row["audio_filepath"], np.full_like(audio, np.nan), rate, subtype="FLOAT")
+            row["audio_filepath"] = str(root / f"loud{i}.wav")
+            soundfile.write(row["audio_filepath"], audio * np.float32(1e36), rate, subtype="FLOAT")
     (root / "nan.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return ["--data.train_manifest", str(root / "nan.jsonl"), "--data.val_manifest", str(root / "nan.jsonl")]
 

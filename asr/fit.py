@@ -74,6 +74,9 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
     deepspeed = find_spec("deepspeed") is not None if deepspeed is None else deepspeed
     on_gpu = cuda and str(trainer.accelerator) in ("auto", "gpu", "cuda")
     precision, strategy = str(trainer.precision), strategy_name(trainer.strategy).lower()
+    if str(trainer.accelerator) in ("gpu", "cuda") and not cuda:
+        raise ConfigError(f"trainer.accelerator={trainer.accelerator} needs a CUDA GPU and this machine has none; "
+                          "on a CPU ask for --trainer.accelerator cpu (configs/recipes/real-1h-cpu.yaml is a CPU recipe).")
     if precision in ("16", "16-mixed", "16-true") and not on_gpu:
         raise ConfigError(
             f"trainer.precision={precision} needs a CUDA GPU: on a CPU Lightning would quietly train in bf16 "

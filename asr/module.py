@@ -8,7 +8,9 @@ Collectives: every cross-rank sum is an explicit ``strategy.reduce`` in a hook t
 runs at the same point (the training step, validation/test epoch end, before the optimizer
 step), and nothing is logged with ``sync_dist``: Lightning computes synced epoch metrics
 lazily, on rank 0 as early as its progress bar asks for them, which deadlocks against any
-collective the other ranks are in. Logged values are already global when logged.
+collective the other ranks are in. Logged values are already global when logged. The training
+step's reduce also carries each rank's elapsed training time, so a run bounded by ``--trainer.max_time``
+anneals its lr (WarmupCosine) by the same clock on every rank, without a collective of its own.
 
 A non-finite loss or gradient skips that update on every rank together; ``train/skipped_steps``
 counts them and ``max_consecutive_skips`` in a row stop the run (``NonFiniteLossError``).
@@ -26,6 +28,7 @@ from typing import Literal
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_warn
 
@@ -96,7 +99,8 @@ class ASRModule(pl.LightningModule):
             compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
             warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
-            min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step.
+            min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step, or,
+                with --trainer.max_time, when the time runs out if that comes first (WarmupCosine).
             max_consecutive_skips: stop the run when this many updates in a row had a non-finite loss or
                 gradient (each is skipped on every rank); 0 = never stop.
         """
@@ -116,6 +120,8 @@ class ASRModule(pl.LightningModule):
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
         self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
         self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
+        self.step_clock: torch.Tensor | None = None  # the ranks' mean seconds of training at this update (max_time)
+        self.timer: Timer | None = None  # trainer.max_time's Timer, if the run is bounded by time
         self.train_loss: list[float] | None = None  # (loss sum, tokens) of this epoch's updates, over all ranks
         self.skipped_steps, self.consecutive_skips = 0, 0
         self.validated_epoch = -1  # the epoch of the last validation while fitting: the per-epoch line's val/ figures
@@ -198,9 +204,12 @@ class ASRModule(pl.LightningModule):
         world size, so the ranks' averaged gradients equal the gradient of the global batch's per-token
         loss as one process would compute it."""
         loss_sum, tokens = self._shared_step(batch, "train")
-        utterances = torch.tensor(float(len(batch.texts)), dtype=torch.float64, device=self.device)
-        totals = self._reduce(torch.stack([loss_sum.detach().double(), tokens, utterances]))  # the global batch's
-        self.step_totals = totals if self.step_totals is None else self.step_totals + totals  # (accumulation)
+        elapsed = self.timer.time_elapsed("train") if self.timer else 0.0
+        counts = torch.tensor([len(batch.texts), elapsed], dtype=torch.float64, device=self.device)
+        # the clock rides in the step's one reduce: every rank gets the same mean, so the same lr
+        totals = self._reduce(torch.cat([loss_sum.detach().double().view(1), tokens.view(1), counts]))
+        self.step_totals = totals[:3] if self.step_totals is None else self.step_totals + totals[:3]  # (accumulation)
+        self.step_clock = totals[3:] / self.trainer.world_size
         return loss_sum * (self.trainer.world_size / totals[1].clamp(min=1))
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -212,7 +221,8 @@ class ASRModule(pl.LightningModule):
         if params and getattr(self.trainer.precision_plugin, "scaler", None) is None:
             grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]  # FSDP2 shards
             bad = torch.stack([torch.isfinite(g).all() for g in grads]).logical_not().any().double().view(1)
-        flagged, loss, tokens, utterances = torch.cat([self._reduce(bad), self.step_totals]).tolist()  # one sync
+        flagged, loss, tokens, utterances, self.schedule.elapsed = torch.cat(
+            [self._reduce(bad), self.step_totals, self.step_clock]).tolist()  # one sync; the lr after this step
         self.step_totals = None
         if flagged or not math.isfinite(loss):
             for p in params:
@@ -278,6 +288,9 @@ class ASRModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self.schedule.total = max(1, self.trainer.estimated_stepping_batches)
+        # --trainer.max_time: Lightning's Timer stops the run; the cosine reaches its floor by then too
+        self.timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer) and c.time_remaining()), None)
+        self.schedule.duration = self.timer.time_elapsed() + self.timer.time_remaining() if self.timer else None
 
 
 def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor,
@@ -316,16 +329,25 @@ class NonFiniteLossError(RuntimeError):
 
 
 class WarmupCosine:
-    """lr multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``floor`` at ``total``.
+    """lr multiplier: a linear ramp from 0 to 1 over ``warmup`` steps, times a cosine from 1 down to ``floor``.
 
-    ``total`` may be set after construction (None until then counts as no progress past warm-up).
+    The cosine's progress is the larger of the step progress, (step - warmup) / (total - warmup), and,
+    when the run is bounded by time, the time progress, ``elapsed / duration`` (seconds), so the lr reaches
+    the floor at whichever limit comes first. ``total`` may be set after construction (None until then
+    counts as no progress past warm-up); ``elapsed`` is set by the owner of the clock before each
+    scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every rank has one lr).
     """
 
-    def __init__(self, warmup: int, total: int | None, floor: float):
+    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None):
         self.warmup, self.total, self.floor = warmup, total, floor
+        self.duration, self.elapsed = duration, 0.0
+
+    def progress(self, step: int) -> float:
+        """How far along the cosine, 0 to 1: steps past warm-up, or the share of ``duration`` elapsed."""
+        steps = (step - self.warmup) / max(1, (self.total or step) - self.warmup)
+        seconds = self.elapsed / self.duration if self.duration else 0.0
+        return min(1.0, max(0.0, steps, seconds))
 
     def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        progress = min(1.0, (step - self.warmup) / max(1, (self.total or step) - self.warmup))
-        return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        ramp = min(1.0, (step + 1) / self.warmup) if self.warmup > 0 else 1.0
+        return ramp * (self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(step))))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import pytest
+import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.callbacks import LambdaCallback, Timer
+from torch.utils.data import DataLoader
 
+from asr.data import Batch
 from asr.module import ASRModule, WarmupCosine, ctc_loss, error_counts
 
 
@@ -36,6 +41,58 @@ def test_schedule_warms_up_linearly_then_follows_a_cosine_to_the_floor():
     assert schedule(0) == pytest.approx(0.1) and schedule(9) == pytest.approx(1.0)
     assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert schedule(110) == pytest.approx(0.1) and schedule(500) == pytest.approx(0.1)
+    schedule.elapsed = 1e9  # a clock without a duration (no --trainer.max_time) changes nothing
+    assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def cosine(progress: float, floor: float) -> float:
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def test_time_bounded_schedule_follows_the_elapsed_share_of_max_time_or_the_steps_if_further():
+    schedule = WarmupCosine(warmup=10, total=10_010, floor=0.1, duration=600.0)
+    for elapsed, expected in [(0.0, 1.0), (150.0, cosine(0.25, 0.1)), (300.0, cosine(0.5, 0.1)),
+                              (540.0, cosine(0.9, 0.1)), (600.0, 0.1), (900.0, 0.1)]:
+        schedule.elapsed = elapsed
+        assert schedule(10) == pytest.approx(expected)
+    schedule.elapsed = 150.0
+    assert schedule(5010) == pytest.approx(cosine(0.5, 0.1))  # half the steps are done: further than the clock
+    assert schedule(4) == pytest.approx(0.5 * cosine(0.25, 0.1))  # warm-up is counted in steps
+
+
+class FakeClock(Timer):
+    """trainer.max_time's Timer (it also stops the run) on a fake clock: each training batch takes ``tick`` s."""
+
+    def __init__(self, seconds: float, tick: float):
+        super().__init__(duration=timedelta(seconds=seconds), verbose=False)
+        self.tick, self.now = tick, 0.0
+
+    def on_train_batch_start(self, *args) -> None:
+        self.now += self.tick
+
+    def time_elapsed(self, stage: str = "train") -> float:
+        return self.now
+
+
+def test_a_run_bounded_by_max_time_anneals_its_lr_to_the_floor_when_the_time_is_up(char_tokenizer):
+    """10 batches of 10 s under max_time 100 s, endless epochs: batch k's lr is the cosine at (10 k / 100)."""
+    model = module(char_tokenizer, warmup_steps=2, min_lr_ratio=0.1)
+    texts = ["nine four", "two five", "call nine", "four two one"]
+    batches = []
+    for pair in (texts[:2], texts[2:]):
+        audio = torch.randn(2, 16000) * 0.1  # 1 s: 25 encoder frames, room for the CTC paths
+        tokens = [torch.tensor(char_tokenizer.encode(t)) for t in pair]
+        batches.append(Batch(audio, torch.tensor([16000, 14000]), torch.nn.utils.rnn.pad_sequence(tokens, True),
+                             torch.tensor([len(t) for t in tokens]), pair))
+    lrs = []
+    record = LambdaCallback(on_train_batch_start=lambda trainer, *_: lrs.append(trainer.optimizers[0].param_groups[0]["lr"]))
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=-1, callbacks=[FakeClock(100.0, 10.0), record], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, DataLoader(batches, batch_size=None, collate_fn=lambda b: b))
+    peak = 1e-3  # AdamW's default lr
+    expected = [peak * min(1.0, (k + 1) / 2) * cosine(10 * k / 100, 0.1) for k in range(10)]
+    assert lrs == pytest.approx(expected)  # the run stops after batch 9, when its clock reads 100 s
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * peak)
 
 
 def test_module_without_tokenizer_is_refused_with_the_link_named():

@@ -166,7 +166,10 @@ class SpecAugment(nn.Module):
     ``time_width`` is the largest time mask as a fraction of the batch's frames.
     """
 
-    def __init__(self, freq_masks: int = 2, freq_width: int = 15, time_masks: int = 2, time_width: float = 0.05):
+    freq_masks, freq_width, time_masks, time_width = 2, 15, 2, 0.05  # the defaults (ASRModule's too)
+
+    def __init__(self, freq_masks: int = freq_masks, freq_width: int = freq_width, time_masks: int = time_masks,
+                 time_width: float = time_width):
         super().__init__()
         self.freq_masks, self.freq_width = freq_masks, freq_width
         self.time_masks, self.time_width = time_masks, time_width

@@ -18,7 +18,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
 from asr import manifest as mf
-from asr.audio import AudioError, check_finite, load_audio, resample
+from asr.audio import AudioError, FeatureConfig, check_finite, load_audio, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
 from asr.model import encoder_frames
@@ -119,7 +119,7 @@ class ASRDataModule(pl.LightningDataModule):
         train_manifest: str = "data/mini/train.jsonl",
         val_manifest: str = "data/mini/dev.jsonl",
         test_manifest: str | None = "data/mini/test.jsonl",
-        sample_rate: int = 16000,
+        sample_rate: int = FeatureConfig.sample_rate,
         resample: Literal["resample", "error"] = "resample",
         tokenizer_model: str | None = None,
         tokenizer_type: Literal["char", "unigram", "bpe"] = "char",

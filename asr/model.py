@@ -28,7 +28,10 @@ from asr.blocks import attention_mask, block_type, make_block
 
 @dataclass
 class EncoderConfig:
-    """Shapes of the encoder; ``vocab_size`` includes the CTC blank (see asr.tokenizer)."""
+    """Shapes of the encoder; ``vocab_size`` includes the CTC blank (see asr.tokenizer).
+
+    The field defaults are also ASRModule's (it asks them here), so a Python user gets these shapes.
+    """
 
     vocab_size: int
     n_feats: int = 80  # feature bins per frame

@@ -30,9 +30,7 @@ if TYPE_CHECKING:
     from asr.model import EncoderConfig
 
 LOCAL_BLOCK = 32  # query frames per block of local attention (attention_window > 0)
-# Up to this many encoder frames (10 s at x4) local attention is computed on the whole T' x T'
-# mask: measured on this CPU, blocks pay off only above ~250 frames (at 480: half the time).
-LOCAL_DENSE_FRAMES = 256
+LOCAL_DENSE_FRAMES = 256  # 10 s at x4: up to here one dense T' x T' mask beat blocks of queries on our CPU
 ROTARY_BASE = 10000.0  # the longest rotary wavelength, in frames (RoFormer's value)
 
 
@@ -77,8 +75,7 @@ def attention_mask(lengths: torch.Tensor, frames: int, window: int = 0) -> torch
         keys = queries[:, :1] - window + torch.arange(LOCAL_BLOCK + 2 * window, device=lengths.device)  # (blocks, span)
     near = (queries[:, :, None] - keys[:, None, :]).abs() <= window  # (blocks, queries, span)
     inside = (keys >= 0) & (keys[None] < lengths[:, None, None])  # (B, blocks, span)
-    # A padded query far past the end would see no key at all, and SDPA would give NaN,
-    # which then leaks through zero attention weights (0 * NaN); let each frame see itself.
+    # each frame sees itself: a padded query with no key gets NaN from SDPA, which leaks through 0 weights
     mask = (near & inside[:, :, None, :]) | (queries[:, :, None] == keys[:, None, :])
     return mask if dense else mask[:, :, None]  # (B, 1, T', T') or (B, blocks, 1, LOCAL_BLOCK, span)
 
@@ -89,8 +86,8 @@ def local_blocks(x: torch.Tensor, blocks: int, span: int) -> torch.Tensor:
     b, h, t, dh = x.shape
     window = (span - LOCAL_BLOCK) // 2
     x = F.pad(x, (0, 0, 0, blocks * LOCAL_BLOCK - t))
-    if window <= LOCAL_BLOCK:  # each block's frames between its neighbours' edges: slices, not unfold,
-        x = x.view(b, h, blocks, LOCAL_BLOCK, dh)  # whose backward took 8% of a bf16 base step
+    if window <= LOCAL_BLOCK:  # the neighbours' edges by slicing: unfold's backward took 8% of a bf16 base step
+        x = x.view(b, h, blocks, LOCAL_BLOCK, dh)
         before = F.pad(x[:, :, :-1, LOCAL_BLOCK - window:], (0, 0, 0, 0, 1, 0))  # (B, H, n, w, dh)
         after = F.pad(x[:, :, 1:, :window], (0, 0, 0, 0, 0, 1))
         return torch.cat([before, x, after], dim=3).transpose(1, 2).reshape(b * blocks, h, span, dh)

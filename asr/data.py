@@ -24,7 +24,7 @@ from asr.datafaults import DataFaults
 from asr.model import encoder_frames
 from asr.resilience import init_data_worker
 from asr.sampler import BucketBatchSampler, ResumableLoader
-from asr.tokenizer import UNK_ID, Tokenizer
+from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
 
 
 class Batch(NamedTuple):
@@ -122,8 +122,8 @@ class ASRDataModule(pl.LightningDataModule):
         sample_rate: int = FeatureConfig.sample_rate,
         resample: Literal["resample", "error"] = "resample",
         tokenizer_model: str | None = None,
-        tokenizer_type: Literal["char", "unigram", "bpe"] = "char",
-        tokenizer_vocab_size: int = 64,
+        tokenizer_type: Literal["char", "unigram", "bpe"] = DEFAULT_MODEL_TYPE,
+        tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE,
         max_batch_seconds: float = 60.0,
         speed_perturb: list[float] = [1.0],
         shuffle: bool = True,

@@ -24,6 +24,8 @@ BLANK_ID = 0  # CTC blank: the first output class of every model
 UNK_ID = 1  # sentencepiece's unknown piece: text that encodes to it cannot be learned
 WORD_START = "\u2581"  # '▁': sentencepiece's mark on the first piece of a word
 MODEL_TYPES = ("char", "unigram", "bpe")
+DEFAULT_MODEL_TYPE = "char"  # works on any amount of text; word pieces need enough text to learn from
+DEFAULT_VOCAB_SIZE = 64  # largest vocabulary when training unigram or bpe (ignored for char)
 
 
 class Tokenizer:
@@ -39,7 +41,8 @@ class Tokenizer:
             )
 
     @classmethod
-    def train(cls, texts: Iterable[str], model_type: str = "char", vocab_size: int = 64) -> "Tokenizer":
+    def train(cls, texts: Iterable[str], model_type: str = DEFAULT_MODEL_TYPE,
+              vocab_size: int = DEFAULT_VOCAB_SIZE) -> "Tokenizer":
         """Train on ``texts``; ``vocab_size`` is an upper bound for unigram/bpe and ignored for char."""
         if model_type not in MODEL_TYPES:
             raise ValueError(f"tokenizer model_type must be one of {MODEL_TYPES}, got {model_type!r}")

@@ -21,7 +21,7 @@ from asr import manifest as mf
 from asr.audio import AudioError, FeatureConfig, check_finite, load_audio, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
-from asr.model import encoder_frames
+from asr.model import EncoderConfig, encoder_frames
 from asr.resilience import init_data_worker
 from asr.sampler import BucketBatchSampler, ResumableLoader
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
@@ -133,7 +133,7 @@ class ASRDataModule(pl.LightningDataModule):
         max_dropped_share: float = 0.01,
         num_workers: int = 1,
         seed: int = 0,
-        subsampling: int = 4,
+        subsampling: int = EncoderConfig.subsampling,
         pitch_prob: float = Augmentation.pitch_prob,
         pitch_semitones: tuple[float, float] = Augmentation.pitch_semitones,
         tempo_prob: float = Augmentation.tempo_prob,

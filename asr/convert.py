@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from asr.output import write_atomically
+from asr.atomic import write_atomically
 
 METADATA = "meta.pt"  # what Lightning writes beside the shards: everything but weights and optimizer state
 

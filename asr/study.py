@@ -37,9 +37,9 @@ from typing import NamedTuple
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from asr.atomic import write_atomically
 from asr.fit import CONFIGS
 from asr.manifest import Utterance, parse_manifest
-from asr.output import write_atomically
 from asr.study_analysis import Target, projections, steps_to_converge
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"

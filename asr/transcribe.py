@@ -16,7 +16,8 @@ Python:
 Files up to ``--chunk_seconds`` long are batched by length (up to ``--max_batch_seconds``
 of padded audio); batching does not change any transcript. Longer files are read and run
 in overlapping chunks and decoded from the stitched frames in bounded memory (asr/longform.py).
-Word times and confidences come from CTC forced alignment (asr/output.py).
+Word times and confidences come from CTC forced alignment (asr/result.py); the formats are in
+asr/formats.py, where results go (stdout, ``--output``, ``--output_dir``) in asr/output.py.
 
 Resuming (a folder of many hours that was interrupted: run the same command again):
 - ``--output_dir DIR``: one file per input, at the input's path relative to the folder or
@@ -47,6 +48,7 @@ import time
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -56,12 +58,15 @@ from tqdm import tqdm
 from asr import export
 from asr import manifest as mf
 from asr.audio import AudioError, check_finite, load_audio, resample
-from asr.sampler import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
+from asr.formats import FORMATS
 from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched
 from asr.module import ASRModule
-from asr.output import FORMATS, JsonlFile, OutputDir, Result, Stdout, Tally, align, words_of
+from asr.output import Sink, open_sink
+from asr.result import Result, align, words_of
+from asr.sampler import BucketBatchSampler
+from asr.scoring import score, score_line
 from asr.tokenizer import Tokenizer
 
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
@@ -319,18 +324,39 @@ def build_decoder(args: argparse.Namespace, tokenizer: Tokenizer) -> Decoder:
     return make_decoder(tokenizer, args.beam_size, args.lm, **options)
 
 
-def open_sink(args: argparse.Namespace, names: list[str]):
-    """Where results go: --output (JsonlFile), --output_dir (OutputDir) or stdout; ValueError if unusable."""
-    if args.output:
-        return JsonlFile(args.output)
-    if args.output_dir:
-        if len(set(names)) < len(names):
-            twice = next(n for n in names if names.count(n) > 1)
-            raise ValueError(f"--output_dir: two inputs would both write {twice!r}; transcribe them separately")
-        return OutputDir(args.output_dir, args.format)
-    if args.format in ("srt", "vtt") and len(names) > 1:
-        raise ValueError(f"--format {args.format} of {len(names)} utterances needs --output_dir")
-    return Stdout(args.format)
+@dataclass
+class Tally:
+    """What a run of asr.transcribe did, for its closing lines and exit code."""
+
+    done: int = 0  # inputs transcribed in this run
+    failed: int = 0
+    skipped: int = 0  # inputs already done in the output by an earlier run
+    audio_seconds: float = 0.0  # of the inputs transcribed
+    scored: list[tuple[str, str]] = field(default_factory=list)  # (reference, hypothesis), earlier runs' too
+    unscored: int = 0  # transcribed without a reference text
+
+    def add(self, result: Result) -> None:
+        if result.error:
+            self.failed += 1
+            return
+        self.done, self.audio_seconds = self.done + 1, self.audio_seconds + result.duration
+        if result.reference:
+            self.scored.append((result.reference, result.text))
+        else:
+            self.unscored += 1
+
+    def summary(self, elapsed: float) -> str:
+        """Files and audio transcribed, real-time factor (``elapsed`` s), failures, WER/CER of the references."""
+        text = f"{self.done} files, {self.audio_seconds:.1f} s of audio in {elapsed:.2f} s"
+        if self.audio_seconds:
+            text += f": real-time factor {elapsed / self.audio_seconds:.4f}"
+        if self.failed:
+            text += f"\n{self.failed} of {self.done + self.failed} inputs failed (each named above)"
+        if self.scored:
+            text += "\n" + score_line(score(*map(list, zip(*self.scored))), len(self.scored))
+            if self.unscored:
+                text += f"; {self.unscored} without text not scored"
+        return text
 
 
 def transcribe_all(args: argparse.Namespace) -> int:
@@ -339,7 +365,8 @@ def transcribe_all(args: argparse.Namespace) -> int:
     transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model.tokenizer),
                               args.chunk_seconds, args.overlap_seconds)
     found = collect(args.inputs)
-    sink = open_sink(args, [name for u, name in found if isinstance(u, mf.Utterance)])
+    sink = open_sink(args.output, args.output_dir, args.format,
+                     [name for u, name in found if isinstance(u, mf.Utterance)])
     todo = [(u, name) for u, name in found if isinstance(u, mf.Problem)
             or not sink.is_done(str(u.audio_filepath), u.offset if u.has_offset else None, name)]
     out = sys.stdout if args.output or args.output_dir else sys.stderr  # stdout stays transcripts only
@@ -365,7 +392,7 @@ def transcribe_all(args: argparse.Namespace) -> int:
     return EXIT_OK if not tally.failed else EXIT_PARTIAL if tally.done or tally.skipped else EXIT_FAILED
 
 
-def write_results(transcriber: Transcriber, order: list[Result | int], checked: list[mf.Utterance], sink,
+def write_results(transcriber: Transcriber, order: list[Result | int], checked: list[mf.Utterance], sink: Sink,
                   names: list[str], tally: Tally, args: argparse.Namespace) -> bool:
     """Transcribe ``checked`` and write every input's result (failures: a line on stderr too) in input
     order, counting them in ``tally``; True if --on_error stop ended the run at a failure."""

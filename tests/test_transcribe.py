@@ -23,7 +23,10 @@ import torch
 from asr import manifest as mf
 from asr.longform import chunk_starts, stitched
 from asr.module import ASRModule
-from asr.output import Result, Word, score, subtitles, timestamp, write_atomically
+from asr.atomic import write_atomically
+from asr.formats import FORMATS, timestamp
+from asr.result import Result, Word
+from asr.scoring import score
 from asr.tokenizer import BLANK_ID, Tokenizer
 from asr.transcribe import Transcriber, load_model, main
 from conftest import TEXTS
@@ -189,14 +192,14 @@ def test_subtitles_have_valid_srt_and_webvtt_syntax():
     words = [Word("call", 0.5, 0.9, 1.0), Word("five", 1.0, 1.3, 1.0), Word("two", 3.0, 3.2, 1.0),  # a pause
              *(Word(f"word{i}", 3725.0 + i * 0.3, 3725.2 + i * 0.3, 1.0) for i in range(8))]  # past an hour
     result = Result("a.flac", 3730.0, "", words)
-    srt = subtitles(result, "srt").split("\n\n")
+    srt = FORMATS["srt"].render(result).split("\n\n")
     assert [block.splitlines()[0] for block in srt] == [str(i) for i in range(1, len(srt) + 1)]
     cue = re.compile(r"\d\d:\d\d:\d\d,\d\d\d --> \d\d:\d\d:\d\d,\d\d\d")
     assert all(cue.fullmatch(block.splitlines()[1]) and len(block.splitlines()[2]) <= 42 for block in srt)
     assert srt[0].splitlines()[1:] == ["00:00:00,500 --> 00:00:01,300", "call five"]
     assert srt[1].splitlines()[2] == "two" and len(srt) == 4  # 8 words of 5-6 chars fill two 42-char lines
     assert timestamp(3725.25, ",") == "01:02:05,250"
-    vtt = subtitles(result, "vtt")
+    vtt = FORMATS["vtt"].render(result)
     assert vtt.startswith("WEBVTT\n\n00:00:00.500 --> 00:00:01.300\ncall five\n\n")
     assert "," not in vtt
 

@@ -21,7 +21,6 @@ import torch
 
 from asr.transcribe import CheckpointError, Transcriber, TranscriptionError, load_model, main
 from conftest import sine
-from test_transcribe import checkpoint  # noqa: F401  (the tiny checkpoint fixture)
 
 
 def write(path: Path, seconds: float, rate: int = 16000, channels: int = 1, **options) -> None:

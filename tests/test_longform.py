@@ -7,6 +7,8 @@ agree exactly; a tiny real checkpoint checks the frame bookkeeping of an actual 
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 import sys
 
@@ -16,7 +18,9 @@ import torch
 
 from asr import manifest as mf
 from asr.acoustic import load_model
-from asr.longform import chunk_starts, stitched
+from asr.decoding import greedy
+from asr.longform import blank_cut, chunk_starts, frame_samples, segments, stitched
+from asr.tokenizer import BLANK_ID
 from asr.transcribe import Transcriber
 from tests.conftest import TEXTS
 from tests.tones import RATE, ToneModel, tones
@@ -92,3 +96,38 @@ def test_a_ten_minute_file_transcribes_exactly_in_bounded_memory(tmp_path, char_
         assert results[0].text == " ".join(sentences)  # no word lost or doubled at the chunk borders
     whole_file = 600 * RATE * 4  # bytes of ten minutes of samples as float32: reading it at once
     assert growth[10] < whole_file / 8, f"peak memory grew by {growth} bytes for a {whole_file / 1e6:.0f} MB file"
+
+
+def one_hot_log_probs(classes: list[int], vocab: int = 8) -> torch.Tensor:
+    """(T', V) log-probs whose best class at frame t is ``classes[t]``."""
+    return (torch.nn.functional.one_hot(torch.tensor(classes), vocab) * 6.0).log_softmax(-1)
+
+
+def test_chunk_starts_are_whole_frames_of_whole_samples():
+    assert frame_samples(0.04, 16000) == 640 and frame_samples(0.08, 8000) == 640
+    with pytest.raises(ValueError, match="frame_seconds 0.0401 is not a whole number of samples at 16000 Hz"):
+        frame_samples(0.0401, 16000)
+
+
+def test_a_cut_falls_in_the_middle_of_the_longest_pause():
+    classes = [1, 0, 0, 2, 0, 0, 0, 0, 0, 3, 0, 4]  # pauses: frames 1-2, 4-8 (the longest), 10
+    log_probs = one_hot_log_probs(classes)
+    assert blank_cut(log_probs, 0, len(classes)) == 6
+    assert blank_cut(log_probs, 0, 4) == 2  # the window sees only the first pause: its middle, rounded up
+    log_probs[:, BLANK_ID] = torch.linspace(-9, -5, len(classes))  # no frame is best blank: the likeliest
+    assert blank_cut(log_probs, 0, 5) == 4
+
+
+def test_segments_cover_every_frame_once_cut_at_pauses_and_decode_as_the_whole():
+    rng, classes = random.Random(0), []
+    while len(classes) < 1000:  # words of 1-6 tokens, pauses of 1-12 frames
+        classes += [rng.randint(1, 7) for _ in range(rng.randint(1, 6))] + [BLANK_ID] * rng.randint(1, 12)
+    log_probs = one_hot_log_probs(classes)
+    pieces = torch.split(log_probs, 75)  # as stitched hands them out, one per chunk
+    cut = list(segments(pieces, length=100))
+    assert [first for first, _ in cut] == [0] + list(itertools.accumulate(len(s) for _, s in cut))[:-1]
+    assert all(50 <= len(s) <= 100 for _, s in cut[:-1]) and 0 < len(cut[-1][1]) <= 100
+    torch.testing.assert_close(torch.cat([s for _, s in cut]), log_probs, rtol=0, atol=0)
+    assert all(classes[first] == BLANK_ID for first, _ in cut[1:])  # never inside a word
+    whole = greedy(log_probs[None], torch.tensor([len(classes)]))[0]
+    assert [t for _, s in cut for t in greedy(s[None], torch.tensor([len(s)]))[0]] == whole

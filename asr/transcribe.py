@@ -53,7 +53,8 @@ import torch
 from tqdm import tqdm
 
 from asr import manifest as mf
-from asr.acoustic import AcousticModel, CheckpointError, CheckpointModel, load_model  # noqa: F401  (raised by from_checkpoint)
+from asr.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
+from asr.acoustic import AcousticModel, CheckpointModel, load_model
 from asr.audio import AudioError, check_finite, load_audio, resample
 from asr.decoding import Decoder, greedy, make_decoder
 from asr.formats import FORMATS

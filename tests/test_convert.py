@@ -63,7 +63,8 @@ def test_a_folder_that_is_not_a_sharded_checkpoint_is_one_line_naming_it_and_not
     folder.mkdir()
     with pytest.raises(SystemExit) as exit_:
         main([str(folder), str(tmp_path / "out.ckpt")])
-    assert exit_.value.code == f"python -m asr.convert: error: {folder} is not a sharded checkpoint folder: it has no meta.pt"
+    message = f"python -m asr.convert: error: {folder} is not a sharded checkpoint folder: it has no meta.pt"
+    assert exit_.value.code == message  # sys.exit(message): printed on stderr, exit status 1
     torch.save({"epoch": 0}, folder / METADATA)  # metadata but no shards: an interrupted save
     with pytest.raises(ValueError, match=f"{folder}: its shards cannot be read"):
         convert(folder, tmp_path / "out.ckpt")

@@ -44,7 +44,8 @@ def test_jsonl_is_one_line_per_utterance_and_a_failure_is_its_file_and_error():
                   {"word": "fïve", "start": 0.8, "end": 1.1, "confidence": 0.5}],
         "reference": "call five"}
     failed = Result("b.flac", 0.0, "", error="b.flac: unreadable audio")
-    assert json.loads(FORMATS["jsonl"].render(failed)) == {"audio_filepath": "b.flac", "error": "b.flac: unreadable audio"}
+    assert json.loads(FORMATS["jsonl"].render(failed)) == {"audio_filepath": "b.flac",
+                                                           "error": "b.flac: unreadable audio"}
     assert FORMATS["jsonl"].printed(failed) == FORMATS["jsonl"].render(failed) and FORMATS["jsonl"].prints_failures
 
 

@@ -42,7 +42,8 @@ def test_a_file_a_manifest_and_what_cannot_be_used_keep_their_order(corpus, tmp_
     long = found[3][0]
     assert (long.offset, long.has_offset, long.duration, long.source) == (1.5, True, 1.0, f"{manifest}:3")
     assert str(found[4][0]) == f"{tmp_path / 'nope.wav'}: missing input: no such audio file, folder or manifest"
-    assert names(collect([str(corpus.manifest("blank.jsonl", []))])) == [("empty manifest", str(corpus.root / "blank.jsonl"))]
+    blank = corpus.manifest("blank.jsonl", [])
+    assert names(collect([str(blank)])) == [("empty manifest", str(blank))]
 
 
 def test_a_failure_is_a_result_naming_its_file_and_offset():

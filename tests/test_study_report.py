@@ -45,7 +45,8 @@ def test_study_md_answers_states_the_fit_and_has_a_row_per_trial(report):
     assert "converges soonest on this machine" in result["answer"]
     assert result["k1"] == pytest.approx(0.5, abs=0.01) and result["k2"] == pytest.approx(0.25, abs=0.01)
     table = [line for line in text.splitlines() if line.startswith("| w")]
-    assert [line.split(" | ")[0][2:] for line in table] == [f"w{w}-l2-f{f:g}" for f in (0.5, 1.0) for w in (32, 64, 128)]
+    trials = [f"w{w}-l2-f{f:g}" for f in (0.5, 1.0) for w in (32, 64, 128)]
+    assert [line.split(" | ")[0][2:] for line in table] == trials  # by fraction, then size
     assert "cost here | cost on A100 |" in text  # both priced
     assert table[-1].split(" | ")[3].endswith("*") and "Not converged within max_steps" in text
     assert "Not finished (1): w256-l2-f1." in text

@@ -239,7 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--checkpoint", required=True, help="a .ckpt written by python -m asr.fit, or a model of asr.export")
     add("--output", help="append one JSON line per input to this file; a rerun skips what it holds, retries errors")
     add("--output_dir", help="write one file per input below this folder; a rerun skips existing files")
-    add("--format", choices=FORMATS, default=None, help="txt (default without --output), jsonl, srt or vtt")
+    add("--format", choices=FORMATS, default=None,  # FORMATS: every Format class, so a new one is listed too
+        help=f"{', '.join(FORMATS)} (asr.formats); default: txt, or jsonl with --output")
     add("--on_error", choices=ON_ERROR, default="continue",
         help="continue: report a bad input on stderr (and in JSONL) and go on; stop: end the run at the first")
     add("--device", default="cpu", help="cpu, cuda, cuda:1, ...")

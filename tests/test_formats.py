@@ -84,6 +84,9 @@ def test_a_new_format_is_one_class_and_the_cli_and_sinks_take_it(tsv, tmp_path, 
     assert (tmp_path / "a.tsv").read_text() == "0.32\t0.56\tcall\n0.80\t1.10\tfïve\n"
     assert parse_args(["--checkpoint", "x.ckpt", "a.flac", "--output_dir", "out", "--format", "tsv"]).format == "tsv"
     with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "jsonl, txt, srt, vtt, tsv (asr.formats)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
         parse_args(["--checkpoint", "x.ckpt", "a.flac", "--format", "doc"])
     choices = capsys.readouterr().err.split("invalid choice: 'doc' (choose from ")[1]  # quoted or not by version
     assert [c.strip("' ") for c in choices.split(")")[0].split(",")] == ["jsonl", "txt", "srt", "vtt", "tsv"]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from asr.output import write_atomically
+from asr.atomic import write_atomically
 
 MONITOR = "val/wer"  # what --best ranks by; lower is better
 WER_IN_NAME = re.compile(r"wer(\d+(?:\.\d+)?)")  # configs/default.yaml: "epoch{epoch:03d}-wer{val/wer:.4f}"

@@ -55,7 +55,7 @@ from asr.data import ASRDataModule, Batch
 from asr.sampler import BucketBatchSampler
 from asr.model import CTCModel
 from asr.module import ASRModule, WarmupCosine, ctc_loss
-from asr.output import write_atomically
+from asr.atomic import write_atomically
 from asr.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

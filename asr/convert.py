@@ -12,25 +12,34 @@ strategy and device count:
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from asr.output import write_atomically
+from asr.atomic import write_atomically
 
 METADATA = "meta.pt"  # what Lightning writes beside the shards: everything but weights and optimizer state
 
 
 def convert(folder: str | Path, output: str | Path) -> Path:
-    """Merge the sharded checkpoint ``folder`` into the single file ``output`` (written atomically)."""
+    """Merge the sharded checkpoint ``folder`` into the single file ``output`` (written atomically).
+
+    Raises ValueError naming ``folder`` if it has no meta.pt or its shards cannot be read.
+    """
     folder, output = Path(folder), Path(output)
     if not (folder / METADATA).is_file():
         raise ValueError(f"{folder} is not a sharded checkpoint folder: it has no {METADATA}")
     checkpoint = torch.load(folder / METADATA, map_location="cpu", weights_only=True)
     with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(folder, Path(tmp) / "merged.pt")
+        try:
+            dcp_to_torch_save(folder, Path(tmp) / "merged.pt")
+        except CheckpointException as err:  # a BaseException: it would escape `except Exception`
+            raise ValueError(f"{folder}: its shards cannot be read (incomplete, or not written by "
+                             "torch.distributed.checkpoint)") from err
         merged = torch.load(Path(tmp) / "merged.pt", map_location="cpu", weights_only=True)
     checkpoint["state_dict"] = merged["state_dict"]
     optimizers = sorted((k for k in merged if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
@@ -54,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folder", help="a sharded checkpoint folder written with save_distributed_checkpoint: true")
     parser.add_argument("output", help="the .ckpt file to write")
     args = parser.parse_args(argv)
-    print(f"wrote {convert(args.folder, args.output)}")
+    try:
+        print(f"wrote {convert(args.folder, args.output)}")
+    except ValueError as err:
+        sys.exit(f"python -m asr.convert: error: {err}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr.atomic import write_atomically
 from asr.decoding import greedy
 from asr.tokenizer import BLANK_ID, Tokenizer
 
@@ -221,7 +222,6 @@ def export(checkpoint: str | Path, output: str | Path) -> Parity:
     Raises RuntimeError (and leaves no ``output``) if the exported model disagrees with the checkpoint.
     """
     from asr.module import ASRModule  # here, not at the top: load() must not need asr.model
-    from asr.output import write_atomically  # nor torchaudio
 
     checkpoint, output = Path(checkpoint), Path(output)
     module = ASRModule.from_checkpoint(checkpoint)

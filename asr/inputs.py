@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from asr import manifest as mf
-from asr.output import Result
+from asr.result import Result
 
 AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")  # what a folder's listing takes
 MANIFEST_SUFFIXES = (".json", ".jsonl")

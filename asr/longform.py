@@ -68,7 +68,7 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
              on_progress: Callable[[float], None] = lambda seconds: None) -> Iterator[torch.Tensor]:
     """The utterance's log-probs (T', V) as consecutive pieces, one per chunk (see the module docstring).
 
-    ``model`` is an acoustic model (asr.transcribe.AcousticModel); ``batch_chunks`` chunks run per call.
+    ``model`` is an acoustic model (asr.acoustic.AcousticModel); ``batch_chunks`` chunks run per call.
     ``on_progress(seconds)`` is called with the audio seconds of each batch once it is done.
     """
     rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)

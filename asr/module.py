@@ -36,7 +36,7 @@ from asr.audio import FeatureConfig, SpecAugment
 from asr.data import Batch
 from asr.decoding import greedy
 from asr.model import CTCModel, EncoderConfig
-from asr.output import score
+from asr.scoring import score
 from asr.tokenizer import BLANK_ID, Tokenizer
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
@@ -303,7 +303,7 @@ def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tenso
 
 
 def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:
-    """[word errors, reference words, char errors, reference chars] for a batch (asr.output.score, jiwer)."""
+    """[word errors, reference words, char errors, reference chars] for a batch (asr.scoring.score, jiwer)."""
     counts = score(references, hypotheses)
     words, chars = counts["words"], counts["chars"]
     return torch.tensor([words["substitutions"] + words["deletions"] + words["insertions"], words["n"],

@@ -28,7 +28,7 @@ from lightning_fabric.utilities.seed import pl_worker_init_function
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities import rank_zero_info
 
-from asr.output import write_atomically
+from asr.atomic import write_atomically
 
 # Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
 # far above any collective of a healthy run (a checkpoint write on rank 0, every rank's first compiled step).

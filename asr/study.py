@@ -13,7 +13,7 @@ manifest (one seed), and every trial uses one tokenizer, trained on the whole ma
 trials run one after another, each as a subprocess with a timeout; a finished trial (its test pass
 is in metrics.csv) is never rerun, an unfinished one is rerun from the start. The analysis
 (asr/study_analysis.py) reads each trial's metrics.csv and writes OUT/study.md, study.json,
-trials.csv and PNG plots (asr/study_report.py).
+trials.csv and PNG plots (asr/study_report.py); asr/study_data.py draws the subsets and the tokenizer.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import csv
 import json
 import math
 import os
-import random
 import shlex
 import shutil
 import signal
@@ -37,10 +36,10 @@ from typing import NamedTuple
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from asr.atomic import write_atomically
 from asr.fit import CONFIGS
-from asr.manifest import Utterance, parse_manifest
-from asr.output import write_atomically
 from asr.study_analysis import Target, projections, steps_to_converge
+from asr.study_data import draw_subsets, subset_path, tokenizer_path
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
 PLAN, BASE = "study.yaml", "base_config.yaml"  # in --out: the study's settings, the trials' shared asr.fit config
@@ -163,52 +162,6 @@ def sizes(study: Study, base: dict) -> list[tuple[int, int]]:
 
 def trials(study: Study, base: dict) -> list[Trial]:
     return [Trial(w, d, f) for f in sorted(set(study.fractions)) for w, d in sizes(study, base)]
-
-
-def subset_path(out: Path, fraction: float) -> Path:
-    return out / "data" / f"train-f{fraction:g}.jsonl"
-
-
-def manifest_line(utt: Utterance) -> str:
-    entry = {"audio_filepath": str(utt.audio_filepath.resolve()), "duration": utt.duration, "text": utt.text}
-    return json.dumps(entry | ({"offset": utt.offset} if utt.has_offset else {})) + "\n"
-
-
-def draw_subsets(manifest: str, fractions: list[float], seed: int, out: Path) -> dict[str, dict]:
-    """Nested random subsets of ``manifest`` (one shuffle from ``seed``, then prefixes), written to
-    OUT/data with absolute audio paths. Returns {fraction: {"utterances", "hours"}} (also in subsets.json)."""
-    utterances, problems = parse_manifest(manifest)
-    if problems:
-        print(f"asr.study: {len(problems)} bad lines of {manifest} are in no subset (first: {problems[0]})",
-              file=sys.stderr)  # stdout stays the commands of --print_commands
-    order = list(range(len(utterances)))
-    random.Random(seed).shuffle(order)
-    subsets = {}
-    for fraction in sorted(set(fractions)):
-        chosen = sorted(order[:max(1, round(fraction * len(order)))])  # file order: the sampler reorders anyway
-        with write_atomically(subset_path(out, fraction)) as partial:
-            partial.write_text("".join(manifest_line(utterances[i]) for i in chosen))
-        subsets[f"{fraction:g}"] = {"utterances": len(chosen),
-                                    "hours": sum(utterances[i].duration for i in chosen) / 3600}
-    with write_atomically(out / "data" / "subsets.json") as partial:
-        partial.write_text(json.dumps(subsets, indent=1))
-    return subsets
-
-
-def tokenizer_path(base: dict, out: Path) -> Path:
-    """The tokenizer every trial uses: the base config's, or one trained once on the whole training manifest."""
-    data = base["data"]
-    if data.get("tokenizer_model"):
-        return Path(data["tokenizer_model"]).resolve()
-    path = out / "data" / "tokenizer.model"
-    if not path.is_file():  # trained as asr.fit would, by the DataModule
-        from asr.data import ASRDataModule
-
-        module = ASRDataModule(train_manifest=data["train_manifest"], tokenizer_type=data["tokenizer_type"],
-                               tokenizer_vocab_size=data["tokenizer_vocab_size"])
-        with write_atomically(path) as partial:
-            module.tokenizer.save(partial)
-    return path
 
 
 def prepare(study: Study, out: Path) -> dict:

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from asr.output import write_atomically
+from asr.atomic import write_atomically
 from asr.study_analysis import PowerLaw, answer, duration, fit_power_law, geometric_means, plateau
 
 COLUMNS = ("trial", "width", "depth", "fraction", "train_hours", "params", "steps", "last_step", "validations",

@@ -16,7 +16,8 @@ Python:
 Files up to ``--chunk_seconds`` long are batched by length (up to ``--max_batch_seconds``
 of padded audio); batching does not change any transcript. Longer files are read and run
 in overlapping chunks and decoded from the stitched frames in bounded memory (asr/longform.py).
-Word times and confidences come from CTC forced alignment (asr/output.py).
+Word times and confidences come from CTC forced alignment (asr/result.py); the formats are in
+asr/formats.py, where results go (stdout, ``--output``, ``--output_dir``) in asr/output.py.
 
 Resuming (a folder of many hours that was interrupted: run the same command again):
 - ``--output_dir DIR``: one file per input, at the input's path relative to the folder or
@@ -41,27 +42,29 @@ The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 import time
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from tqdm import tqdm
 
-from asr import export
 from asr import manifest as mf
+from asr.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
+from asr.acoustic import AcousticModel, CheckpointModel, load_model
 from asr.audio import AudioError, check_finite, load_audio, resample
-from asr.sampler import BucketBatchSampler
 from asr.decoding import Decoder, greedy, make_decoder
+from asr.formats import FORMATS
 from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched
 from asr.module import ASRModule
-from asr.output import FORMATS, JsonlFile, OutputDir, Result, Stdout, Tally, align, words_of
+from asr.output import Sink, open_sink
+from asr.result import Result, align, words_of
+from asr.sampler import BucketBatchSampler
+from asr.scoring import score, score_line
 from asr.tokenizer import Tokenizer
 
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
@@ -74,59 +77,8 @@ EXIT_CODES = """exit codes:
      or the output cannot be used"""
 
 
-class CheckpointError(ValueError):
-    """A --checkpoint that does not exist or is not a checkpoint of asr.fit / a model of asr.export."""
-
-
 class TranscriptionError(ValueError):
     """An input that cannot be transcribed, with on_error="stop"; the message names the file (and line)."""
-
-
-class AcousticModel(Protocol):
-    """What the Transcriber needs from a model (a checkpoint, an exported model, or your own)."""
-
-    sample_rate: int  # Hz of the audio log_probs expects
-    tokenizer: Tokenizer  # output class i is tokenizer piece i; 0 is the CTC blank
-    frame_seconds: float  # seconds per output frame: feature hop x subsampling
-
-    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """audio (B, n) fp32 and lengths (B,) in samples -> log-probs (B, T', V) fp32 on the CPU, lengths (B,)."""
-        ...
-
-
-class CheckpointModel:
-    """AcousticModel of an ASRModule (a checkpoint of asr.fit), in eval mode on ``device``."""
-
-    def __init__(self, module: ASRModule, device: str | torch.device = "cpu"):
-        self.module, self.device = module.to(device).eval(), torch.device(device)
-        self.sample_rate: int = module.hparams.sample_rate
-        self.tokenizer: Tokenizer = module.tokenizer
-        self.frame_seconds: float = module.model.frame_seconds
-
-    @torch.inference_mode()
-    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs, out_lengths = self.module.model(audio.to(self.device), lengths.to(self.device))
-        return log_probs.float().cpu(), out_lengths.cpu()
-
-
-def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
-    """A model written by asr.export, or a checkpoint of asr.fit; anything else raises CheckpointError."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path}: {'not a file' if path.exists() else 'no such file'}")
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:  # e.g. cuda on a machine without a GPU: the device, not the file
-        raise CheckpointError(f"--device {device}: {str(err).splitlines()[0]}") from err
-    try:
-        if export.is_exported(path):
-            return export.load(path, device)
-        return CheckpointModel(ASRModule.from_checkpoint(path, map_location=device), device)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, KeyError, TypeError, ValueError,
-            RuntimeError) as err:  # what torch.load and load_state_dict raise for a file that is not ours
-        reason = " ".join(str(err).split()).split(". ")[0] or "empty or cut short"  # torch adds pages of advice
-        raise CheckpointError(f"checkpoint {path}: not a checkpoint of asr.fit or a model of asr.export "
-                              f"({type(err).__name__}: {reason})") from err
 
 
 class Transcriber:
@@ -287,7 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--checkpoint", required=True, help="a .ckpt written by python -m asr.fit, or a model of asr.export")
     add("--output", help="append one JSON line per input to this file; a rerun skips what it holds, retries errors")
     add("--output_dir", help="write one file per input below this folder; a rerun skips existing files")
-    add("--format", choices=FORMATS, default=None, help="txt (default without --output), jsonl, srt or vtt")
+    add("--format", choices=FORMATS, default=None,  # FORMATS: every Format class, so a new one is listed too
+        help=f"{', '.join(FORMATS)} (asr.formats); default: txt, or jsonl with --output")
     add("--on_error", choices=ON_ERROR, default="continue",
         help="continue: report a bad input on stderr (and in JSONL) and go on; stop: end the run at the first")
     add("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
@@ -319,18 +272,39 @@ def build_decoder(args: argparse.Namespace, tokenizer: Tokenizer) -> Decoder:
     return make_decoder(tokenizer, args.beam_size, args.lm, **options)
 
 
-def open_sink(args: argparse.Namespace, names: list[str]):
-    """Where results go: --output (JsonlFile), --output_dir (OutputDir) or stdout; ValueError if unusable."""
-    if args.output:
-        return JsonlFile(args.output)
-    if args.output_dir:
-        if len(set(names)) < len(names):
-            twice = next(n for n in names if names.count(n) > 1)
-            raise ValueError(f"--output_dir: two inputs would both write {twice!r}; transcribe them separately")
-        return OutputDir(args.output_dir, args.format)
-    if args.format in ("srt", "vtt") and len(names) > 1:
-        raise ValueError(f"--format {args.format} of {len(names)} utterances needs --output_dir")
-    return Stdout(args.format)
+@dataclass
+class Tally:
+    """What a run of asr.transcribe did, for its closing lines and exit code."""
+
+    done: int = 0  # inputs transcribed in this run
+    failed: int = 0
+    skipped: int = 0  # inputs already done in the output by an earlier run
+    audio_seconds: float = 0.0  # of the inputs transcribed
+    scored: list[tuple[str, str]] = field(default_factory=list)  # (reference, hypothesis), earlier runs' too
+    unscored: int = 0  # transcribed without a reference text
+
+    def add(self, result: Result) -> None:
+        if result.error:
+            self.failed += 1
+            return
+        self.done, self.audio_seconds = self.done + 1, self.audio_seconds + result.duration
+        if result.reference:
+            self.scored.append((result.reference, result.text))
+        else:
+            self.unscored += 1
+
+    def summary(self, elapsed: float) -> str:
+        """Files and audio transcribed, real-time factor (``elapsed`` s), failures, WER/CER of the references."""
+        text = f"{self.done} files, {self.audio_seconds:.1f} s of audio in {elapsed:.2f} s"
+        if self.audio_seconds:
+            text += f": real-time factor {elapsed / self.audio_seconds:.4f}"
+        if self.failed:
+            text += f"\n{self.failed} of {self.done + self.failed} inputs failed (each named above)"
+        if self.scored:
+            text += "\n" + score_line(score(*map(list, zip(*self.scored))), len(self.scored))
+            if self.unscored:
+                text += f"; {self.unscored} without text not scored"
+        return text
 
 
 def transcribe_all(args: argparse.Namespace) -> int:
@@ -339,7 +313,8 @@ def transcribe_all(args: argparse.Namespace) -> int:
     transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model.tokenizer),
                               args.chunk_seconds, args.overlap_seconds)
     found = collect(args.inputs)
-    sink = open_sink(args, [name for u, name in found if isinstance(u, mf.Utterance)])
+    sink = open_sink(args.output, args.output_dir, args.format,
+                     [name for u, name in found if isinstance(u, mf.Utterance)])
     todo = [(u, name) for u, name in found if isinstance(u, mf.Problem)
             or not sink.is_done(str(u.audio_filepath), u.offset if u.has_offset else None, name)]
     out = sys.stdout if args.output or args.output_dir else sys.stderr  # stdout stays transcripts only
@@ -365,7 +340,7 @@ def transcribe_all(args: argparse.Namespace) -> int:
     return EXIT_OK if not tally.failed else EXIT_PARTIAL if tally.done or tally.skipped else EXIT_FAILED
 
 
-def write_results(transcriber: Transcriber, order: list[Result | int], checked: list[mf.Utterance], sink,
+def write_results(transcriber: Transcriber, order: list[Result | int], checked: list[mf.Utterance], sink: Sink,
                   names: list[str], tally: Tally, args: argparse.Namespace) -> bool:
     """Transcribe ``checked`` and write every input's result (failures: a line on stderr too) in input
     order, counting them in ``tally``; True if --on_error stop ended the run at a failure."""

@@ -31,8 +31,8 @@ from typing import Callable, Iterable
 
 import soundfile
 
+from asr.atomic import write_atomically
 from asr.manifest import Problem
-from asr.output import write_atomically
 
 Row = dict  # one manifest line: audio_filepath (Path while importing), duration, text, optional offset
 SHOWN_PROBLEMS = 10  # bad rows listed in full

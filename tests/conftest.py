@@ -1,4 +1,5 @@
-"""Shared fixtures: synthetic audio on disk, a tiny manifest corpus, a char tokenizer, tiny models.
+"""Shared fixtures: synthetic audio on disk, a tiny manifest corpus, a char tokenizer, tiny models,
+tone audio for ToneModel (tests/tones.py) and a tiny checkpoint.
 
 Everything is generated into ``tmp_path`` (no bundled data, no downloads) and sized so the
 whole unit suite runs in well under a minute on a 2-core CPU.
@@ -18,6 +19,7 @@ import torch
 from asr.audio import FeatureConfig
 from asr.model import CTCModel, EncoderConfig
 from asr.tokenizer import Tokenizer
+from tests.tones import RATE, tones
 
 TEXTS = ["call five two nine", "spell c a t", "nine four", "two five", "call nine", "four two one"]
 
@@ -146,3 +148,37 @@ def info_messages(monkeypatch) -> list[str]:
     messages: list[str] = []
     monkeypatch.setattr("asr.manifest.rank_zero_info", lambda message, *args, **kwargs: messages.append(message))
     return messages
+
+
+@pytest.fixture
+def tone_file(tmp_path, char_tokenizer):
+    """tone_file(name, texts) -> (path, words, spans): the texts one after another as a FLAC file."""
+
+    def make(name: str, texts: list[str]):
+        audio, words, spans, offset = [], [], [], 0.0
+        for text in texts:
+            samples, text_spans = tones(char_tokenizer, text)
+            audio.append(samples)
+            words += text.split()
+            spans += [(a + offset, b + offset) for a, b in text_spans]
+            offset += len(samples) / RATE
+        path = tmp_path / name
+        soundfile.write(path, np.concatenate(audio), RATE)
+        return path, words, spans
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny untrained ASRModule checkpoint (char tokenizer, local attention), as asr.fit writes it."""
+    from asr.module import ASRModule  # here: the tests that need no checkpoint need no Lightning
+
+    tokenizer = Tokenizer.train(TEXTS, model_type="char")
+    torch.manual_seed(0)
+    module = ASRModule(tokenizer=tokenizer, d_model=32, n_heads=2, n_layers=1, ff_mult=2, dropout=0.0,
+                       attention_window=4)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "tokenizer": tokenizer.serialized}, path)
+    return path

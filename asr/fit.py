@@ -26,6 +26,7 @@ import sys
 import warnings
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pytorch_lightning.cli import LightningCLI
@@ -51,6 +52,9 @@ class ASRCLI(LightningCLI):
         parser.add_argument("--collective_timeout", type=float, default=COLLECTIVE_TIMEOUT_MINUTES,
                             help="minutes a rank waits in a collective before the job stops with an error")
         parser.add_argument("--test", type=bool, default=True, help="evaluate the best checkpoint on the test set")
+        parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
+                            help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "
+                                 "(val/wer), or the weights training ended with (for char models, whose WER is noisy)")
 
     def before_instantiate_classes(self) -> None:
         check_hardware(self.config.trainer)
@@ -159,7 +163,7 @@ def main(args: list[str] | None = None) -> ASRCLI:
             trainer.print(f"{'best' if callback.monitor else 'last'} checkpoint: {callback.best_model_path}")
     if cli.config.test and cli.datamodule.hparams.test_manifest:
         best = trainer.checkpoint_callback  # none yet when max_steps ends the run before any validation
-        best = best and best.monitor and best.best_model_path
+        best = best and best.monitor and best.best_model_path and cli.config.test_checkpoint == "best"
         trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best" if best else None, weights_only=True)
     return cli
 

@@ -167,3 +167,16 @@ def test_resuming_from_an_averaged_checkpoint_is_refused_by_name(run, tmp_path):
     with pytest.raises(ConfigError, match="weights only .*asr.average"):
         main(["--config", str(run / "config.yaml"), "--ckpt_path", str(averaged),
               "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])
+
+
+@pytest.mark.parametrize("choice, scored", [("best", "best"), ("last", None)])
+def test_test_checkpoint_chooses_the_weights_the_test_scores(tmp_path, monkeypatch, choice, scored):
+    """--test_checkpoint last scores the weights training ended with (ckpt_path None), not the best by val/wer."""
+    import pytorch_lightning as pl
+
+    asked = []
+    monkeypatch.setattr(pl.Trainer, "test", lambda self, *a, **kw: asked.append(kw["ckpt_path"]))
+    train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 8)
+    fit(tmp_path, "--trainer.max_epochs", "1", "--data.train_manifest", str(train), "--data.val_manifest", str(train),
+        "--data.test_manifest", str(train), "--test_checkpoint", choice)
+    assert asked == [scored]

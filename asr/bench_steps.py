@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
+from pytorch_lightning.cli import SaveConfigCallback
 from torch.utils.data import DataLoader
 
 from asr import fit
@@ -130,7 +131,8 @@ def lightning_times(cli: fit.ASRCLI, sequence: list[Batch]) -> list[float]:
     if cli.trainer.max_steps != len(sequence):
         raise ValueError(f"build with --trainer.max_steps={len(sequence)}, not {cli.trainer.max_steps}")
     clock = _Clock()
-    cli.trainer.callbacks.append(clock)
+    # LightningCLI's SaveConfigCallback would write config.yaml into the run folder: a benchmark writes none
+    cli.trainer.callbacks[:] = [c for c in cli.trainer.callbacks if not isinstance(c, SaveConfigCallback)] + [clock]
     loader = DataLoader(sequence, batch_size=None)  # batch_size None: each item is already a collated Batch
     with quiet():
         cli.trainer.fit(cli.model, train_dataloaders=loader)

@@ -43,8 +43,8 @@ def test_bench_builds_the_model_and_data_asr_fit_builds(tmp_path):
     assert ours.trainer.precision == theirs.trainer.precision and ours.trainer.logger is None  # BENCH_TRAINER
     for cli in (ours, theirs):
         cli.datamodule.setup("fit")
-    sampler = ours.datamodule.train_dataloader().sampler
-    assert isinstance(sampler, BucketBatchSampler) and list(sampler) == list(theirs.datamodule.train_dataloader().sampler)
+    sampler, reference = ours.datamodule.train_dataloader().sampler, theirs.datamodule.train_dataloader().sampler
+    assert isinstance(sampler, BucketBatchSampler) and list(sampler) == list(reference)
     first = [b.texts for b in training_batches(ours.datamodule, 2)]
     assert first == [b.texts for b in training_batches(theirs.datamodule, 2)]
 

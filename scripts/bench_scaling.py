@@ -4,11 +4,12 @@
     python scripts/bench_scaling.py --presets tiny --rounds 2 --batch_seconds 16   # a quick look
     python scripts/bench_scaling.py --compile                # also bf16-mixed with torch.compile
 
-Models are built as ``python -m asr.fit --config configs/model/<preset>.yaml`` builds them
-(asr.bench.build_module: configs/default.yaml's model section and optimizer under the preset's
-shapes). One training step is forward, CTC loss, backward, optimizer step and lr schedule
-(asr.bench.plain_step) on a batch of ``--batch_seconds`` of 16 kHz audio in utterances of
-``--utterance_seconds``, as ``data.max_batch_seconds`` fills it.
+Models, trainer and precision are built by asr.fit's own builder, as ``python -m asr.fit --config
+configs/model/<preset>.yaml --trainer.precision P --model.checkpoint_every K [--model.compile true]``
+builds them (asr.bench_steps.build), with a character tokenizer of a few command words. One
+training step is ASRModule's own (asr.bench_steps.plain_step: training_step, backward, its optimizer
+and lr schedule, under the trainer's precision plugin) on a batch of ``--batch_seconds`` of audio at
+the model's sample rate in utterances of ``--utterance_seconds``, as ``data.max_batch_seconds`` fills it.
 
 - step time: every configuration of a preset lives in one process, and each round steps
   each configuration once, in an order that rotates from round to round. A ratio is taken
@@ -36,13 +37,17 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 
-from asr.bench import build_module, plain_step
+from asr.bench_steps import build as build_cli
+from asr.bench_steps import plain_step
 from asr.data import Batch
+from asr.fit import ASRCLI
 from asr.tokenizer import Tokenizer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -57,23 +62,26 @@ def configurations(args) -> dict:
     return CONFIGS | (COMPILED if args.compile else {})
 
 
-def build(preset: str, precision: str, checkpoint_every: int, compile: bool, args, keep_gradients: bool = False):
+def build(preset: str, precision: str, checkpoint_every: int, compile: bool, args) -> tuple[ASRCLI, Batch]:
+    """(model, data and trainer as asr.fit builds them for the preset and these settings, a batch for it)."""
+    cli = build_cli(preset, f"--data.tokenizer_model={args.tokenizer_model}", f"--trainer.precision={precision}",
+                    f"--model.checkpoint_every={checkpoint_every}", f"--model.compile={str(compile).lower()}")
+    return cli, batch(args, cli)
+
+
+def stepper(preset: str, precision: str, checkpoint_every: int, compile: bool, args, keep_gradients: bool = False):
     """(module, step(batch) of it, the batch)."""
-    tokenizer = Tokenizer.train([TEXT])
-    module = build_module(preset, tokenizer)
-    module.model.checkpoint_every = checkpoint_every
-    if compile:
-        module.hparams.compile = True
-        module.configure_model()  # torch.compile of each block, as asr.fit does
-    step = plain_step(module, precision, total_steps=10**6, keep_gradients=keep_gradients)
-    return module, step, batch(args, tokenizer.vocab_size)
+    cli, data = build(preset, precision, checkpoint_every, compile, args)
+    return cli.model, plain_step(cli, total_steps=10**6, keep_gradients=keep_gradients), data
 
 
-def batch(args, vocab: int) -> Batch:
+def batch(args, cli: ASRCLI) -> Batch:
+    """``--batch_seconds`` of noise in utterances of ``--utterance_seconds`` at the model's rate, with token ids."""
     n = max(1, int(args.batch_seconds // args.utterance_seconds))
-    samples = int(args.utterance_seconds * 16000)
+    samples = int(args.utterance_seconds * cli.model.model.sample_rate)
     tokens = int(args.utterance_seconds * 12)  # ~12 characters a second, well inside CTC's reach
     generator = torch.Generator().manual_seed(0)
+    vocab = cli.model.tokenizer.vocab_size
     return Batch(torch.randn(n, samples, generator=generator) * 0.1, torch.full((n,), samples),
                  torch.randint(2, vocab, (n, tokens), generator=generator), torch.full((n,), tokens), [TEXT] * n)
 
@@ -107,7 +115,7 @@ def timed(step, data: Batch) -> float:
 def run_times(args) -> dict:
     """All configurations of one preset in this process, interleaved: per configuration its step time in each round."""
     configs = configurations(args)
-    steps = {name: build(args.preset, *config, args) for name, config in configs.items()}
+    steps = {name: stepper(args.preset, *config, args) for name, config in configs.items()}
     plain = steps["bf16-mixed"][0].model
     clock = ForwardClock([plain.subsampling, *plain.blocks])
     times = {name: [] for name in configs} | {"recomputed": []}
@@ -150,8 +158,8 @@ class PeakSampler:
 
 def run_memory(args) -> dict:
     """One configuration in this process: the highest activation memory of 2 steps after a warm-up."""
-    _, step, data = build(args.preset, args.precision, args.checkpoint_every, args.compile_blocks, args,
-                          keep_gradients=True)
+    _, step, data = stepper(args.preset, args.precision, args.checkpoint_every, args.compile_blocks, args,
+                            keep_gradients=True)
     step(data)  # warm-up: allocates gradients (kept, zeroed) and optimizer state
     peaks = []
     for _ in range(2):
@@ -166,9 +174,9 @@ def run_ddp_rank(rank: int, args, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    module, _, data = build(args.preset, "bf16-mixed", 0, False, args)
-    module.model = torch.nn.parallel.DistributedDataParallel(module.model)
-    step = plain_step(module, "bf16-mixed", total_steps=10**6)
+    cli, data = build(args.preset, "bf16-mixed", 0, False, args)
+    cli.model.model = torch.nn.parallel.DistributedDataParallel(cli.model.model)
+    step = plain_step(cli, total_steps=10**6)
     times = [timed(step, data) for _ in range(args.warmup + args.rounds)][args.warmup:]
     if rank == 0:
         results.put(times)
@@ -189,6 +197,7 @@ def child(args, mode: str, env: dict | None = None, precision: str = "bf16-mixed
     command = [sys.executable, __file__, "--child", mode, "--presets", args.preset, "--precision", precision,
                "--checkpoint_every", str(checkpoint_every), "--rounds", str(args.rounds), "--warmup", str(args.warmup),
                "--batch_seconds", str(args.batch_seconds), "--utterance_seconds", str(args.utterance_seconds),
+               "--tokenizer_model", args.tokenizer_model,
                *(["--compile"] if args.compile else []), *(["--compile_blocks"] if compile_blocks else [])]
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
@@ -241,6 +250,7 @@ def main() -> None:
     parser.add_argument("--compile_blocks", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="bf16-mixed", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint_every", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer_model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         args.preset = args.presets
@@ -250,9 +260,12 @@ def main() -> None:
           f"(lowest-highest) of {args.rounds} rounds after {args.warmup}; torch {torch.__version__}, "
           f"{os.cpu_count()} CPU cores")
     print("| preset | configuration | step s, or ratio | activation MB |\n|---|---|---|---|")
-    for preset in args.presets.split(","):
-        args.preset = preset
-        print("\n".join(report(args)), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+        args.tokenizer_model = str(Path(tmp) / "tokenizer.model")
+        Tokenizer.train([TEXT]).save(args.tokenizer_model)
+        for preset in args.presets.split(","):
+            args.preset = preset
+            print("\n".join(report(args)), flush=True)
 
 
 if __name__ == "__main__":

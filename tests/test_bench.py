@@ -1,4 +1,5 @@
-"""asr.bench: the quick benchmark runs end to end and writes every section; its arithmetic by hand."""
+"""asr.bench: the quick benchmark runs end to end and writes every section; it measures what asr.fit builds
+and trains (asr.bench_steps); its arithmetic by hand."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import soundfile
 import torch
 import yaml
 
-from asr import bench
-from asr.data import ASRDataModule, Batch
+from asr import bench, bench_corpus, bench_sections, bench_steps, fit
+from asr.data import Batch
+from asr.sampler import BucketBatchSampler
 from asr.tokenizer import Tokenizer
 
 SECTIONS = ("peak", "train", "batching", "loop", "features", "data", "inference", "corpus", "machine", "targets")
@@ -34,10 +36,10 @@ def test_quick_mode_writes_every_section_with_sane_values(tmp_path, capsys):
     assert bucketed["x_real_time"] > 0 and shuffled["x_real_time"] > 0
     assert results["loop"]["plain_s"] > 0 and results["loop"]["lightning_s"] > 0
     assert results["features"]["features_x_real_time"] > 0 and results["features"]["decode_features_x_real_time"] > 0
-    configured = yaml.safe_load((bench.REPO / "configs" / "default.yaml").read_text())["data"]
-    workers = configured.get("num_workers", inspect.signature(ASRDataModule).parameters["num_workers"].default)
-    assert 0 <= results["data"]["wait_share"] < 1 and results["data"]["num_workers"] == workers
+    hp = results["data"]
+    assert 0 <= hp["wait_share"] < 1 and hp["num_workers"] == bench_steps.build("tiny").datamodule.hparams.num_workers
     assert results["inference"]["rtf"] > 0
+    assert results["corpus"]["sample_rate"] == bench_steps.build("tiny").datamodule.hparams.sample_rate
     # The quick run has no base preset: every other target is judged, each with a yes/no in the table.
     assert set(results["targets"]) == set(bench.TARGETS) - {"train/base/32-true/mfu", "train/base/bf16-mixed/mfu"}
     table = capsys.readouterr().out
@@ -47,43 +49,50 @@ def test_quick_mode_writes_every_section_with_sane_values(tmp_path, capsys):
 
 def test_padding_fraction_by_hand():
     # batches [1 s, 2 s] and [3 s, 4 s] hold 2*2 + 2*4 = 12 s of padded audio, 10 s of it speech
-    assert bench.padding_fraction([1.0, 2.0, 3.0, 4.0], [[0, 1], [2, 3]]) == pytest.approx(2 / 12)
-    assert bench.padding_fraction([1.0, 2.0, 3.0, 4.0], [[0], [1], [2], [3]]) == 0.0
+    assert bench_corpus.padding_fraction([1.0, 2.0, 3.0, 4.0], [[0, 1], [2, 3]]) == pytest.approx(2 / 12)
+    assert bench_corpus.padding_fraction([1.0, 2.0, 3.0, 4.0], [[0], [1], [2], [3]]) == 0.0
 
 
 def test_random_batches_hold_every_utterance_once_within_the_limit():
-    durations = bench.corpus_durations(200, seed=1)
-    batches = bench.random_batches(durations, 60.0, seed=1)
+    durations = bench_corpus.corpus_durations(200, seed=1)
+    sampler = BucketBatchSampler(durations, 60.0)
+    batches = bench_corpus.random_batches(sampler, seed=1)
     assert sorted(i for b in batches for i in b) == list(range(200))
     assert all(len(b) * max(durations[i] for i in b) <= 60.0 for b in batches)
-    assert batches != bench.random_batches(durations, 60.0, seed=2)
+    assert batches != bench_corpus.random_batches(sampler, seed=2)
 
 
 def test_corpus_durations_look_like_librispeech():
-    durations = bench.corpus_durations(4000, seed=0)
+    durations = bench_corpus.corpus_durations(4000, seed=0)
     assert 1.0 <= min(durations) and max(durations) <= 20.0
     assert 11.0 < sum(durations) / len(durations) < 13.0
-    assert durations == bench.corpus_durations(4000, seed=0)
+    assert durations == bench_corpus.corpus_durations(4000, seed=0)
 
 
-def test_synthetic_corpus_files_and_token_rates(tmp_path):
-    manifest, tokenizer_model = bench.write_corpus(tmp_path, 5, seed=3)
-    tokenizer = Tokenizer.load(tokenizer_model)
+def test_synthetic_corpus_files_rate_and_token_rates(tmp_path):
+    tokenizer = Tokenizer.load(bench_corpus.write_tokenizer(tmp_path, seed=3))
+    manifest = bench_corpus.write_corpus(tmp_path, 5, seed=3, scale=1.0, sample_rate=8000, tokenizer=tokenizer)
     rows = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert len(rows) == 5
     for row in rows:
         info = soundfile.info(tmp_path / row["audio_filepath"])
-        assert info.samplerate == bench.SAMPLE_RATE
+        assert info.samplerate == 8000  # the rate it is asked for (asr.bench: the configured data.sample_rate)
         assert info.frames / info.samplerate == pytest.approx(row["duration"], abs=1e-3)
-        wanted = round(bench.TOKENS_PER_SECOND * row["duration"])
+        wanted = round(bench_corpus.TOKENS_PER_SECOND * row["duration"])
         assert wanted <= len(tokenizer.encode(row["text"])) <= wanted + 8  # words are added until the count is reached
 
 
-def test_mfu_is_three_forwards_over_time_and_peak():
-    model = bench.build_module("tiny", Tokenizer.train(["a b c"])).model
+@pytest.fixture
+def tokenizer_arg(tmp_path) -> str:
+    Tokenizer.train(["a b c"]).save(tmp_path / "tokenizer.model")
+    return f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"
+
+
+def test_mfu_is_three_forwards_over_time_and_peak(tokenizer_arg):
+    model = bench_steps.build_module("tiny", tokenizer_arg).model
     lengths = torch.tensor([16000, 8000])  # 100 and 50 feature frames
     batch = Batch(torch.zeros(2, 16000), lengths, torch.ones(2, 3, dtype=torch.long), torch.tensor([3, 2]), ["a", "b"])
-    figures = bench.train_figures(model, [batch, batch], seconds=2.0, peak=1e9)
+    figures = bench_sections.train_figures(model, [batch, batch], seconds=2.0, peak=1e9)
     forward = int(model.forward_flops(lengths).sum())
     assert figures["mfu"] == pytest.approx(3 * 2 * forward / 2.0 / 1e9)
     assert figures["x_real_time"] == pytest.approx(2 * 1.5 / 2.0)  # 3 s of audio in 2 s
@@ -92,8 +101,8 @@ def test_mfu_is_three_forwards_over_time_and_peak():
 
 def test_fastest_takes_each_batch_best_pass():
     # two passes over three batches: (1, 2, 3) then (0.5, 2.5, 1)
-    assert bench.fastest([1.0, 2.0, 3.0, 0.5, 2.5, 1.0], 2) == pytest.approx(0.5 + 2.0 + 1.0)
-    assert bench.fastest([1.0, 2.0], 1) == 3.0
+    assert bench_steps.fastest([1.0, 2.0, 3.0, 0.5, 2.5, 1.0], 2) == pytest.approx(0.5 + 2.0 + 1.0)
+    assert bench_steps.fastest([1.0, 2.0], 1) == 3.0
 
 
 def test_targets_are_judged_against_their_thresholds():
@@ -103,24 +112,16 @@ def test_targets_are_judged_against_their_thresholds():
         "loop/overhead": False, "inference/rtf": True, "batching/bucketed/padding": False}  # < 3% is strict
 
 
-def test_presets_are_built_as_fit_stacks_them():
-    settings = bench.model_settings("base")
-    assert settings["d_model"] == 384 and settings["n_layers"] == 16  # configs/model/base.yaml
-    assert settings["attention_window"] == 4  # configs/default.yaml's model section
-    optimizer = settings["optimizer"]([torch.nn.Parameter(torch.zeros(1))])  # and its optimizer, as configured
-    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] and optimizer.defaults["lr"] == 0.002
-
-
-def test_unknown_preset_names_the_missing_file():
+def test_unknown_preset_names_the_missing_file(tokenizer_arg):
     with pytest.raises(FileNotFoundError, match=r"configs/model/huge\.yaml"):
-        bench.build_module("huge", Tokenizer.train(["a b c"]))
+        bench_steps.build_module("huge", tokenizer_arg)
 
 
 def test_scaling_script_prints_every_configuration_and_ratio():
     """scripts/bench_scaling.py (the README's memory and speed table) on the tiny preset, one round."""
     command = [sys.executable, "scripts/bench_scaling.py", "--presets", "tiny", "--rounds", "1", "--warmup", "1",
                "--batch_seconds", "8", "--utterance_seconds", "4"]
-    out = subprocess.run(command, cwd=bench.REPO, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(command, cwd=fit.CONFIGS.parent, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split(" | ")[1]: line.split(" | ")[2] for line in out.stdout.splitlines() if line.startswith("| tiny |")}
     assert list(rows) == ["bf16-mixed", "bf16-mixed, checkpoint_every 1", "32-true", "bf16-true",
@@ -132,17 +133,3 @@ def test_scaling_script_prints_every_configuration_and_ratio():
     assert all(re.fullmatch(r"-?\d+(\.\d+)?(x|%)? \(.+\)|-?\d+%", value) for value in rows.values()), rows
 
 
-@pytest.mark.parametrize("precision, keep_gradients", [("32-true", False), ("bf16-true", True)])
-def test_plain_step_trains_in_its_precision_and_frees_or_zeroes_gradients(precision, keep_gradients):
-    module = bench.build_module("tiny", Tokenizer.train(["a b c"]))
-    batch = Batch(0.1 * torch.randn(2, 16000), torch.tensor([16000, 12000]), torch.ones(2, 3, dtype=torch.long),
-                  torch.tensor([3, 2]), ["a", "b"])
-    before = [p.detach().float().clone() for p in module.parameters()]
-    bench.plain_step(module, precision, total_steps=10, keep_gradients=keep_gradients)(batch)
-    params = list(module.parameters())
-    assert {p.dtype for p in params} == {torch.bfloat16 if precision == "bf16-true" else torch.float32}
-    assert any(not torch.equal(p.detach().float(), b) for p, b in zip(params, before))  # the optimizer stepped
-    if keep_gradients:  # memory measurements: gradient buffers stay allocated, zeroed
-        assert all(p.grad is not None and not p.grad.any() for p in params)
-    else:  # as Lightning: freed after the step
-        assert all(p.grad is None for p in params)

@@ -318,18 +318,22 @@ def test_fit_cli_trains_a_conformer_that_transcribes(tmp_path):
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "base"])
-def test_conformer_presets_state_their_parameter_count_and_match_the_transformer_of_their_size(size, char_tokenizer):
+def test_conformer_presets_state_their_parameter_count_and_match_the_transformer_of_their_size(size, char_tokenizer,
+                                                                                              tmp_path):
     import re
 
-    from asr.bench import build_module
+    from asr.bench_steps import build_module
+
+    char_tokenizer.save(tmp_path / "tokenizer.model")
+    tokenizer = f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"
 
     def parameters(preset: str) -> int:
-        return sum(p.numel() for p in build_module(preset, char_tokenizer).parameters())
+        return sum(p.numel() for p in build_module(preset, tokenizer).parameters())
 
     header = (REPO / "configs" / "model" / f"conformer-{size}.yaml").read_text().splitlines()[0]
     stated = float(re.search(r"([\d.]+)M parameters", header).group(1))
     conformer = parameters(f"conformer-{size}")
-    assert build_module(f"conformer-{size}", char_tokenizer).model.cfg.block == "conformer"
+    assert build_module(f"conformer-{size}", tokenizer).model.cfg.block == "conformer"
     assert round(conformer / 1e6, 1) == stated
     assert abs(conformer / parameters(size) - 1) < 0.02
 

@@ -3,7 +3,6 @@ and trains (asr.bench_steps); its arithmetic by hand."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import subprocess
@@ -12,7 +11,6 @@ import sys
 import pytest
 import soundfile
 import torch
-import yaml
 
 from asr import bench, bench_corpus, bench_sections, bench_steps, fit
 from asr.data import Batch

@@ -1,4 +1,4 @@
-"""Generate a synthetic speech corpus with espeak-ng (manifests + FLAC audio).
+"""Generate a synthetic speech corpus with espeak-ng and flite (manifests + FLAC audio).
 
 Usage:
 
@@ -18,14 +18,16 @@ Output layout (the manifest format of DESIGN.md, paths relative to the manifest)
     OUT/train.jsonl, OUT/dev.jsonl, OUT/test.jsonl, OUT/README.md
     OUT/audio/<split>/<id>.flac           mono 16-bit FLAC at the chosen rate
     {"audio_filepath": "audio/train/000123.flac", "duration": 2.41,
-     "text": "call five two nine", "speaker": "en-gb+m4", "rate": 162, "pitch": 41, "amplitude": 18}
+     "text": "call five two nine", "synth": "espeak-ng", "speaker": "en-gb+m4", "rate": 162,
+     "pitch": 41, "amplitude": 18}
 
-Every random choice (sentence, accent, voice variant, speaking rate, pitch,
+Every random choice (sentence, synthesiser, accent, voice variant, speaking rate, pitch,
 level, silence margins) is drawn up front from --seed, so two runs produce
-byte-identical files. The three splits never share a transcript, and the test
-split also uses voice variants that train and dev never hear.
+byte-identical files. The three splits never share a transcript; dev and test also use
+voice variants of their own that train never hears, and scripts/make_heldout.py makes a
+set of voices (another synthesiser, festival) that none of these splits hears.
 
-Needs: numpy, soundfile, and the espeak-ng and sox binaries (apt-get install espeak-ng sox).
+Needs: numpy, soundfile, and the binaries (apt-get install espeak-ng flite sox).
 """
 import argparse
 import collections
@@ -45,15 +47,36 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+import synthesizers as tts
+
 SPLITS = ("train", "dev", "test")
 # espeak-ng's own English accents (mbrola voices are a separate install; not used).
 ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan",
            "en-gb-x-gbcwmd", "en-029", "en-us-nyc")
-# Voice variants ("" = the accent's default voice). klatt* switch the synthesiser itself.
-SEEN_VARIANTS = ("", "m1", "m2", "m4", "m5", "m6", "m7", "f1", "f2", "f4", "f5",
-                 "klatt", "klatt2", "croak")
-HELD_OUT_VARIANTS = ("m3", "m8", "f3")  # test split only
-HELD_OUT_SHARE = 0.5                    # share of test utterances that use them
+# Every voice variant espeak-ng 1.51 ships ("" = the accent's default voice); klatt* switch
+# the synthesiser itself. Each is heard by one group only: train, dev, test or the held-out set.
+VARIANTS = (
+    "", "adam", "Alex", "Alicia", "Andrea", "Andy", "Annie", "antonio", "aunty", "belinda",
+    "benjamin", "boris", "caleb", "david", "Demonic", "Denis", "Diogo", "ed", "edward", "edward2",
+    "Gene", "Gene2", "gustave", "announcer", "Henrique", "Hugo", "iven", "iven2", "iven3", "iven4",
+    "Jacky", "john", "kaukovalta", "Lee", "linda", "marcelo", "Marco", "Mario", "max", "Michael",
+    "michel", "miguel", "Mike", "Mr", "Nguyen", "pablo", "paul", "pedro", "quincy", "RicishayMax",
+    "RicishayMax2", "RicishayMax3", "rob", "robert", "robosoft", "robosoft2", "robosoft3",
+    "robosoft4", "robosoft5", "robosoft6", "robosoft7", "robosoft8", "steph", "steph2", "steph3",
+    "Storm", "Tweaky", "UniRobot", "zac", "anika", "anikaRobot", "AnxiousAndy", "fast", "whisper",
+    "whisperf", "grandpa", "grandma", "croak", "norbert", "sandro", "shelby", "travis", "victor",
+    "klatt", "klatt2", "klatt3", "klatt4", "klatt5", "klatt6",
+    "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "f1", "f2", "f3", "f4", "f5")
+DEV_VARIANTS = ("m7", "f4", "klatt6", "belinda", "david", "Hugo")          # dev only
+TEST_VARIANTS = ("m8", "f5", "klatt5", "linda", "benjamin", "Jacky")      # test only
+HELDOUT_VARIANTS = ("m3", "f3", "klatt4", "Annie", "Michael", "grandma",  # scripts/make_heldout.py only
+                    "victor", "Alicia", "norbert", "kaukovalta")
+SEEN_VARIANTS = tuple(v for v in VARIANTS if v not in DEV_VARIANTS + TEST_VARIANTS + HELDOUT_VARIANTS)
+UNSEEN_SHARE = 0.5   # share of dev and test utterances spoken by their own variants
+# flite's statistical voices: other synthesisers than espeak's formants, heard in every split.
+# Its kal, kal16 and slt speakers are the held-out set's (festival has them too): never here.
+FLITE_VOICES = ("awb", "rms")
+FLITE_SHARE = 0.15
 RATES = (140, 190)       # words per minute
 PITCHES = (30, 70)       # espeak 0-99 scale, relative to the variant's own pitch
 # espeak's -a 100 hits full scale; 10-30 puts peaks near -30..-12 dBFS (median -18),
@@ -66,37 +89,33 @@ DIRECTIONS = ("left", "right", "up", "down", "back")
 SINGLE = ("erase", "repeat", "stop", "start", "yes", "no", "help", "rubout", "cancel",
           "enter", "back", "number", "call", "dial")
 COMMANDS = tuple(sorted(set(SINGLE + DIRECTIONS + ("go",))))
-MINI_DEFAULTS = {"train": 270, "dev": 60, "test": 100}
+MINI_DEFAULTS = {"train": 620, "dev": 80, "test": 100}
 # Share of distinct sentences each split may own: a partition, so splits stay disjoint.
 MINI_PARTITION = {"train": 0.7, "dev": 0.12, "test": 0.18}
 
 
-# One planned utterance: text is the transcript (what espeak-ng says), speaker an
-# espeak-ng voice such as "en-gb+m4".
-Utterance = collections.namedtuple("Utterance", "split uid text speaker rate "
+# One planned utterance: text is the transcript, synth the synthesiser (scripts/tts.py),
+# speaker its voice: an espeak-ng accent+variant such as "en-gb+m4", or a flite/festival voice.
+Utterance = collections.namedtuple("Utterance", "split uid text synth speaker rate "
                                    "pitch amplitude lead trail sample_rate")
-
-
-class CorpusError(Exception):
-    """Raised in pool workers (sys.exit there would hang the pool); main() reports it."""
 
 
 def die(message):
     sys.exit(f"make_corpus.py: error: {message}")
 
 
-def check_tools():
+def check_tools(synths=("espeak-ng", "flite"), festival_voices=()):
     """Fail early, with the fix, if a binary or a voice is missing."""
-    for tool in ("espeak-ng", "sox"):
-        if shutil.which(tool) is None:
-            die(f"{tool} is not on PATH: install it with `apt-get install {tool}`.")
+    missing = tts.missing_tools(synths, festival_voices)
+    if missing:
+        die(f"missing synthesisers or voices: install them with `apt-get install {' '.join(missing)}`.")
     listing = subprocess.run(["espeak-ng", "--voices"], capture_output=True, text=True).stdout
     languages = {line.split()[1] for line in listing.splitlines()[1:] if line.split()}
     variants = set(re.findall(r"!v/(\S+)", subprocess.run(
         ["espeak-ng", "--voices=variant"], capture_output=True, text=True).stdout))
     # espeak-ng silently falls back to the default voice for an unknown variant.
     missing = [a for a in ACCENTS if a not in languages]
-    missing += [f"+{v}" for v in SEEN_VARIANTS + HELD_OUT_VARIANTS if v and v not in variants]
+    missing += [f"+{v}" for v in VARIANTS if v and v not in variants]
     if missing:
         die(f"espeak-ng lacks the voices {', '.join(missing)}: install the full "
             f"`espeak-ng-data` package (apt-get install espeak-ng).")
@@ -225,40 +244,40 @@ def draw_text(rng, sentences, count, dev_fraction, test_fraction):
 
 # ---------------------------------------------------------------- synthesis
 
+def espeak_voice(rng, variants):
+    """An espeak-ng accent+variant such as "en-gb+m4" (the accent alone for variant "")."""
+    variant, accent = rng.choice(variants), rng.choice(ACCENTS)
+    return accent + (f"+{variant}" if variant else "")
+
+
+def pick_voice(rng, split):
+    """(synth, speaker) of one utterance of ``split``: dev and test also use their own variants."""
+    if rng.random() < FLITE_SHARE:
+        return "flite", rng.choice(FLITE_VOICES)
+    own = {"dev": DEV_VARIANTS, "test": TEST_VARIANTS}.get(split)
+    return "espeak-ng", espeak_voice(rng, own if own and rng.random() < UNSEEN_SHARE else SEEN_VARIANTS)
+
+
+def utterance(rng, split, index, text, synth, speaker, sample_rate):
+    """Draw the speaking parameters (rate, pitch, level, margins) of one utterance."""
+    rate, pitch, amplitude = rng.randint(*RATES), rng.randint(*PITCHES), rng.randint(*AMPLITUDES)
+    return Utterance(split, f"{index:06d}", text, synth, speaker,
+                     None if synth == "festival" else rate, pitch if synth == "espeak-ng" else None,
+                     amplitude, round(rng.uniform(*MARGINS), 3), round(rng.uniform(*MARGINS), 3),
+                     sample_rate)
+
+
 def plan(rng, drawn, sample_rate):
     """Fix every utterance's voice and parameters before any audio is made."""
-    utterances = []
-    for split in SPLITS:
-        for index, text in enumerate(drawn[split]):
-            held_out = split == "test" and rng.random() < HELD_OUT_SHARE
-            variant = rng.choice(HELD_OUT_VARIANTS if held_out else SEEN_VARIANTS)
-            accent = rng.choice(ACCENTS)
-            utterances.append(Utterance(
-                split, f"{index:06d}", text,
-                accent + (f"+{variant}" if variant else ""),
-                rng.randint(*RATES), rng.randint(*PITCHES), rng.randint(*AMPLITUDES),
-                round(rng.uniform(*MARGINS), 3), round(rng.uniform(*MARGINS), 3),
-                sample_rate))
-    return utterances
-
-
-def run(command, data, what):
-    result = subprocess.run(command, input=data, capture_output=True)
-    if result.returncode != 0 or not result.stdout:
-        raise CorpusError(f"{command[0]} failed on {what}: "
-                          f"{result.stderr.decode(errors='replace').strip()}")
-    return result.stdout
+    return [utterance(rng, split, index, text, *pick_voice(rng, split), sample_rate)
+            for split in SPLITS for index, text in enumerate(drawn[split])]
 
 
 def synthesise(u):
-    """espeak-ng (22050 Hz) -> sox resample without dither -> trimmed int16 samples."""
-    what = f"{u.split}/{u.uid} ({u.text!r})"
-    espeak = ["espeak-ng", "-v", u.speaker, "-s", str(u.rate), "-p", str(u.pitch),
-              "-a", str(u.amplitude), "--stdout", u.text]
-    wav = run(espeak, None, what)
-    raw = run(["sox", "-D", "-t", "wav", "-", "-t", "raw", "-e", "signed-integer", "-b", "16",
-               "-c", "1", "-r", str(u.sample_rate), "-"], wav, what)
-    return trim(np.frombuffer(raw, dtype="<i2"), u, what)
+    """The synthesiser -> sox resample without dither -> trimmed int16 samples."""
+    what = f"{u.split}/{u.uid} ({u.text!r}, {u.synth} {u.speaker})"
+    samples = tts.speak(u.synth, u.speaker, u.text, u.rate, u.pitch, u.amplitude, u.sample_rate, what)
+    return trim(samples, u, what)
 
 
 def trim(x, u, what):
@@ -267,7 +286,7 @@ def trim(x, u, what):
     # 40 dB below the peak still keeps weak edge consonants (the 'f' of 'five').
     loud = np.flatnonzero(level > max(level.max() // 100, 1))
     if loud.size == 0:
-        raise CorpusError(f"espeak-ng produced silence for {what}.")
+        raise tts.SynthError(f"silence for {what}.")
     lead, trail = round(u.lead * u.sample_rate), round(u.trail * u.sample_rate)
     start, end = loud[0] - lead, loud[-1] + 1 + trail
     head = np.zeros(max(0, -start), np.int16)
@@ -275,40 +294,44 @@ def trim(x, u, what):
     return np.concatenate([head, x[max(0, start):min(end, len(x))], tail])
 
 
-def make_one(job):
-    """Worker: synthesise one utterance, write its FLAC, return its manifest record."""
-    u, out = job
-    samples = synthesise(u)
-    relative = f"audio/{u.split}/{u.uid}.flac"
-    sf.write(os.path.join(out, relative), samples, u.sample_rate, format="FLAC",
+def write_flac(out, split, u, samples, sample_rate):
+    """Write audio/<split>/<uid>.flac under ``out``; return its manifest record."""
+    relative = f"audio/{split}/{u.uid}.flac"
+    sf.write(os.path.join(out, relative), samples, sample_rate, format="FLAC",
              subtype="PCM_16", compression_level=1.0)
-    return u.split, {"audio_filepath": relative,
-                     "duration": round(len(samples) / u.sample_rate, 3),
-                     "text": u.text, "speaker": u.speaker, "rate": u.rate,
-                     "pitch": u.pitch, "amplitude": u.amplitude}
+    return {"audio_filepath": relative, "duration": round(len(samples) / sample_rate, 3),
+            "text": u.text, "synth": u.synth, "speaker": u.speaker, "rate": u.rate,
+            "pitch": u.pitch, "amplitude": u.amplitude}
 
 
-def prepare_out(out, overwrite):
+def make_one(job):
+    """Worker: synthesise one utterance, write its FLAC, return [(split, manifest record)]."""
+    u, out = job
+    return [(u.split, write_flac(out, u.split, u, synthesise(u), u.sample_rate))]
+
+
+def prepare_out(out, overwrite, splits=SPLITS):
     """Create OUT; never mix a new corpus with files left from an older one."""
-    old = [out / f"{s}.jsonl" for s in SPLITS] + [out / "audio" / s for s in SPLITS]
+    old = [out / f"{s}.jsonl" for s in splits] + [out / "audio" / s for s in splits]
     existing = [p for p in old if p.exists()]
     if existing and not overwrite:
         die(f"--out {out} already holds a corpus ({existing[0]}); pass --overwrite to replace it.")
     for path in existing:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    for split in SPLITS:
+    for split in splits:
         (out / "audio" / split).mkdir(parents=True, exist_ok=True)
 
 
-def write_corpus(utterances, out, workers):
-    records = {split: [] for split in SPLITS}
+def write_corpus(utterances, out, workers, splits=SPLITS, worker=make_one):
+    """Run ``worker`` on every utterance in a pool; write and return the manifests of ``splits``."""
+    records = {split: [] for split in splits}
     jobs = [(u, str(out)) for u in utterances]
     with multiprocessing.Pool(max(1, workers)) as pool:
         # imap keeps the planned order, so manifests do not depend on timing.
-        results = list(pool.imap(make_one, jobs, chunksize=8))
-    for split, record in results:
+        results = list(pool.imap(worker, jobs, chunksize=8))
+    for split, record in itertools.chain.from_iterable(results):
         records[split].append(record)
-    for split in SPLITS:
+    for split in splits:
         with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records[split])
     return records
@@ -324,28 +347,44 @@ def espeak_version():
     return match.group() if match else "(unknown version)"
 
 
+def split_table(records):
+    """Markdown rows: utterances, minutes and hours of each split, and its voices by synthesiser."""
+    rows = ["| split | utterances | minutes | hours | utterances by synthesiser |", "|---|---|---|---|---|"]
+    for split, rows_of in records.items():
+        seconds = sum(r["duration"] for r in rows_of)
+        synths = collections.Counter(r["synth"] for r in rows_of)
+        rows.append(f"| {split} | {len(rows_of)} | {seconds / 60:.1f} | {seconds / 3600:.3f} | "
+                    + ", ".join(f"{k} {n}" for k, n in sorted(synths.items())) + " |")
+    return "\n".join(rows)
+
+
+def variant_list(variants):
+    return ", ".join("+" + v if v else "(none)" for v in variants)
+
+
 def write_readme(out, command, records, sample_rate, description):
-    seconds = {s: sum(r["duration"] for r in records[s]) for s in SPLITS}
-    rows = [f"| {s} | {len(records[s])} | {seconds[s] / 60:.1f} | {seconds[s] / 3600:.3f} |"
-            for s in SPLITS]
-    seen = ", ".join("+" + v if v else "(none)" for v in SEEN_VARIANTS)
     text = f"""# Synthetic speech corpus
 
 {description}
 
-Made by `scripts/make_corpus.py` (espeak-ng {espeak_version()}, sox); regenerate it
+Made by `scripts/make_corpus.py` (espeak-ng {espeak_version()}, flite, sox); regenerate it
 byte for byte with `{command}`
 
-| split | utterances | minutes | hours |
-|---|---|---|---|
-{chr(10).join(rows)}
+{split_table(records)}
 
 Manifests `<split>.jsonl` (paths relative to this folder) also record each utterance's
-`speaker` (espeak-ng accent+variant), `rate` (wpm), `pitch` and `amplitude` (-a).
-Audio: mono 16-bit FLAC at {sample_rate} Hz in `audio/<split>/`. Accents: {", ".join(ACCENTS)}.
-Variants in train and dev: {seen}. Test also uses the held-out variants
-{", ".join("+" + v for v in HELD_OUT_VARIANTS)} (about {HELD_OUT_SHARE:.0%} of its utterances).
-No transcript occurs in two splits.
+`synth` (espeak-ng or flite), `speaker` (espeak-ng accent+variant, or the flite voice),
+`rate` (wpm), `pitch` (espeak-ng's, else null) and `amplitude` (espeak-ng's -a; flite
+audio is levelled to the same peak). Audio: mono 16-bit FLAC at {sample_rate} Hz in
+`audio/<split>/`.
+
+Voices: espeak-ng accents {", ".join(ACCENTS)}, each with a voice variant, and
+flite's voices {", ".join(FLITE_VOICES)} ({FLITE_SHARE:.0%} of every split). Train hears the
+variants {variant_list(SEEN_VARIANTS)}. Dev and test also use variants of their own (about
+{UNSEEN_SHARE:.0%} of their espeak-ng utterances), which no other split hears: dev
+{variant_list(DEV_VARIANTS)}; test {variant_list(TEST_VARIANTS)}. The variants
+{variant_list(HELDOUT_VARIANTS)} and flite's kal, kal16 and slt are kept for the held-out set
+(scripts/make_heldout.py) and occur in no split here. No transcript occurs in two splits.
 """
     (out / "README.md").write_text(text, encoding="utf-8")
 
@@ -355,13 +394,13 @@ digits (zero..nine, oh) and {n} command words ("call five two nine", "go left",
 "erase three"), in sentences of 1-8 words ({v} words in all). All splits draw from the same templates, and every
 word of dev and test occurs in train. Spelled letters are left
 out: espeak's letter names (the b/d/e/p/t/v "e-set") cannot be learned from the few
-minutes of audio that fit. Sized to stay under 10 MB: 16 kHz FLAC of espeak speech
-costs about 16 kB per second of speech."""
+minutes of audio that fit. Sized to stay near 20 MB: 16 kHz FLAC of synthetic speech
+costs about 25 kB per utterance."""
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="Generate a synthetic espeak-ng speech corpus (see the module docstring).")
+        description="Generate a synthetic speech corpus (see the module docstring).")
     modes = parser.add_subparsers(dest="mode", required=True)
     mini = modes.add_parser("mini", help="the bundled small-vocabulary corpus")
     text = modes.add_parser("text", help="speak sentences drawn from a text file")
@@ -411,11 +450,11 @@ def main(argv=None):
         sentences = read_sentences(args.sentences)
         drawn = draw_text(rng, sentences, args.count, args.dev_fraction, args.test_fraction)
         sample_rate = args.sample_rate
-        description = f"{args.count} sentences drawn from `{args.sentences}`, spoken by espeak-ng."
+        description = f"{args.count} sentences drawn from `{args.sentences}`, spoken by espeak-ng and flite."
     prepare_out(args.out, args.overwrite)
     try:
         records = write_corpus(plan(rng, drawn, sample_rate), args.out, args.workers)
-    except CorpusError as err:
+    except tts.SynthError as err:
         die(str(err))
     write_readme(args.out, regenerate_command(args), records, sample_rate, description)
     for split in SPLITS:

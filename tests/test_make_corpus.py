@@ -1,5 +1,6 @@
-"""scripts/make_corpus.py: deterministic from its seed, disjoint splits, readable 16/8 kHz FLAC,
-and unusable sentence lines reported by number. Needs espeak-ng and sox (apt-get install espeak-ng sox)."""
+"""scripts/make_corpus.py and make_heldout.py: deterministic from their seed, disjoint splits and voices,
+readable 16/8 kHz FLAC, and unusable sentence lines reported by number.
+Needs espeak-ng, flite and sox (apt-get install espeak-ng flite sox); the held-out set also festival."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_corpus.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the scripts import each other as siblings
+import make_corpus as corpus  # noqa: E402
 pytestmark = pytest.mark.skipif(
-    not (shutil.which("espeak-ng") and shutil.which("sox")), reason="needs espeak-ng and sox (apt-get install)"
+    not (shutil.which("espeak-ng") and shutil.which("flite") and shutil.which("sox")),
+    reason="needs espeak-ng, flite and sox (apt-get install)"
 )
 
 
@@ -68,3 +73,55 @@ def test_refuses_to_mix_with_an_existing_corpus(tmp_path):
 def test_a_draw_whose_train_split_misses_a_test_word_is_refused(tmp_path):
     result = make("mini", "--out", str(tmp_path), "--train", "2", "--dev", "1", "--test", "3")
     assert result.returncode != 0 and "train never has" in result.stderr
+
+
+REPO = SCRIPT.parents[1]
+HELDOUT = REPO / "scripts" / "make_heldout.py"
+needs_festival = pytest.mark.skipif(
+    not (shutil.which("flite") and shutil.which("text2wave")),
+    reason="needs flite and festival (apt-get install flite festival festvox-kallpc16k festvox-kdlpc16k "
+           "festvox-us-slt-hts)")
+
+
+def voices(rows: list[dict]) -> set[str]:
+    """The voices of manifest rows, as synth/voice (espeak-ng: the variant, whatever the accent)."""
+    return {f"{r['synth']}/{r['speaker'].partition('+')[2] if r['synth'] == 'espeak-ng' else r['speaker']}"
+            for r in rows}
+
+
+def test_mini_dev_and_test_hear_variants_train_never_hears_and_flite_speaks(tmp_path):
+    assert make("mini", "--out", str(tmp_path), "--train", "60", "--dev", "20", "--test", "20").returncode == 0
+    heard = {split: voices(manifest(tmp_path, split)) for split in ("train", "dev", "test")}
+    seen = {f"espeak-ng/{v}" for v in corpus.SEEN_VARIANTS} | {f"flite/{v}" for v in corpus.FLITE_VOICES}
+    own = {split: {f"espeak-ng/{v}" for v in variants}
+           for split, variants in (("dev", corpus.DEV_VARIANTS), ("test", corpus.TEST_VARIANTS))}
+    assert heard["train"] <= seen and any(v.startswith("flite/") for v in heard["train"])
+    for split in ("dev", "test"):
+        assert heard[split] & own[split] and heard[split] <= seen | own[split]
+    assert not own["dev"] & own["test"] and not (own["dev"] | own["test"]) & seen
+
+
+def test_bundled_heldout_set_shares_no_voice_and_no_transcript_with_bundled_training():
+    train = manifest(REPO / "data" / "mini", "train")
+    for rate in ("16k", "8k"):
+        heldout = manifest(REPO / "data" / "heldout", rate)
+        assert not voices(heldout) & voices(train)
+        assert not {r["text"] for r in heldout} & {r["text"] for r in train}
+        assert {r["synth"] for r in heldout} >= {"festival", "flite", "espeak-ng"}
+
+
+@needs_festival
+def test_heldout_set_is_byte_identical_for_a_seed_and_its_8k_copy_is_telephone_audio(tmp_path):
+    for name in ("a", "b"):
+        result = subprocess.run([sys.executable, str(HELDOUT), "--out", str(tmp_path / name), "--count", "8"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    wide, narrow = manifest(tmp_path / "a", "16k"), manifest(tmp_path / "a", "8k")
+    assert [r["text"] for r in wide] == [r["text"] for r in narrow] and len(wide) == 8
+    for row, rate in ((wide[0], 16000), (narrow[0], 8000)):
+        assert soundfile.info(str(tmp_path / "a" / row["audio_filepath"])).samplerate == rate
+    samples, rate = soundfile.read(str(tmp_path / "a" / narrow[0]["audio_filepath"]))
+    spectrum = np.abs(np.fft.rfft(samples)) ** 2
+    freqs = np.fft.rfftfreq(len(samples), 1 / rate)
+    assert spectrum[freqs > 3600].sum() < 0.01 * spectrum.sum()  # band-limited to 300-3400 Hz

@@ -54,9 +54,10 @@ def test_recipe_parses_and_its_header_says_what_it_is_and_the_commands(recipe):
     text = (RECIPES / recipe).read_text()
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     assert text.startswith(f'# Recipe "{Path(recipe).stem}": ')
-    for command in (f"python -m asr.fit --config configs/recipes/{recipe}", "python -m asr.average",
-                    "python -m asr.transcribe"):
+    for command in (f"python -m asr.fit --config configs/recipes/{recipe}", "python -m asr.transcribe"):
         assert command in header, command
+    # the recipe picks its averaging: checkpoints to average, or the last weights (test_checkpoint: last)
+    assert "python -m asr.average" in header or yaml.safe_load(text).get("test_checkpoint") == "last"
     config = printed_config("--config", f"configs/recipes/{recipe}")
     assert config["trainer"]["logger"]["init_args"]["name"] == Path(recipe).stem  # runs/<recipe>/version_<n>
 
@@ -67,10 +68,10 @@ def test_demo_recipe_is_what_the_default_config_does_but_for_the_run_name():
     assert demo == default
 
 
-def test_real_1h_cpu_recipe_builds_a_small_char_conformer_bounded_by_time():
+def test_real_1h_cpu_recipe_builds_a_small_char_transformer_bounded_by_time():
     cli = build(["--config", "configs/recipes/real-1h-cpu.yaml", *MINI])
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
-    assert model.hparams.block == "conformer" and model.hparams.spec_augment
+    assert model.hparams.block == "transformer" and model.hparams.spec_augment
     assert 2e6 < sum(p.numel() for p in model.parameters()) < 6e6  # about half the 10M small preset or less
     assert data.hparams.tokenizer_type == "char" and data.tokenizer.vocab_size < 64
     augmentation = data.augmentation
@@ -103,8 +104,10 @@ def test_gpu_recipe_on_a_cpu_machine_stops_with_one_sentence_not_a_traceback(tmp
 
 
 def test_real_1h_cpu_recipe_trains_end_to_end_on_the_bundled_corpus(tmp_path):
-    """Two short epochs of the recipe as written (its model, augmentation, bf16), validated and tested."""
-    result = fit(tmp_path, "--config", "configs/recipes/real-1h-cpu.yaml", *MINI, "--trainer.max_steps", "6",
+    """Two short epochs of the recipe as written (its model, augmentation, bf16), validated and tested.
+    data/mini's fastest utterances are too short for char CTC at 4x subsampling: skipped, as the error advises."""
+    result = fit(tmp_path, "--config", "configs/recipes/real-1h-cpu.yaml", *MINI, "--data.on_bad_line", "skip",
+                 "--trainer.max_steps", "6",
                  "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
                  "--trainer.limit_test_batches", "2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -114,7 +117,7 @@ def test_real_1h_cpu_recipe_trains_end_to_end_on_the_bundled_corpus(tmp_path):
     assert [r["epoch"] for r in rows if r.get("val/cer")] == ["0", "1"]  # validation each epoch
     assert any(r.get("test/cer") for r in rows)
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["hyper_parameters"]["block"] == "conformer" and checkpoint["global_step"] == 6
+    assert checkpoint["hyper_parameters"]["block"] == "transformer" and checkpoint["global_step"] == 6
 
 
 def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(tmp_path):
@@ -123,6 +126,7 @@ def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(t
     result = fit(tmp_path, "--trainer.max_time", "00:00:00:40", "--trainer.max_epochs", "-1",
                  "--trainer.log_every_n_steps", "1", "--model.d_model", "64", "--model.n_heads", "2",
                  "--model.n_layers", "2", "--model.warmup_steps", "10", "--data.tokenizer_type", "char", "--test", "false",
+                 "--data.on_bad_line", "skip",  # two of data/mini's fastest lines are too short for char CTC
                  timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     lrs = [float(r["lr-AdamW"]) for r in metrics(tmp_path / "default" / "version_0") if r.get("lr-AdamW")]

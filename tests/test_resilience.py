@@ -24,6 +24,7 @@ import pytest
 import soundfile
 import torch
 
+from tests.cli import NO_AUGMENTATION
 from tests.faults import signal_at
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +33,8 @@ SMALL = ["--model.d_model", "64", "--model.n_heads", "2", "--model.n_layers", "2
          "--data.max_batch_seconds", "8"]
 # no randomness left after the seed: a resumed run must then repeat the uninterrupted one exactly
 DETERMINISTIC = ["--model.dropout", "0", "--model.attention_dropout", "0", "--model.spec_augment", "false",
-                 "--data.speed_perturb", "[1.0]", "--trainer.log_every_n_steps", "1", "--test", "false"]
+                 "--data.speed_perturb", "[1.0]", *NO_AUGMENTATION,
+                 "--trainer.log_every_n_steps", "1", "--test", "false"]
 STEP_CHECKPOINTS = '--trainer.callbacks+={"class_path": "pytorch_lightning.callbacks.ModelCheckpoint", ' \
                    '"init_args": {"filename": "last", "save_top_k": 1, "enable_version_counter": false, ' \
                    '"every_n_train_steps": 2}}'
@@ -40,9 +42,9 @@ STEP_CHECKPOINTS = '--trainer.callbacks+={"class_path": "pytorch_lightning.callb
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> list[str]:
-    """24 training and 6 dev utterances of data/mini (4 steps per rank and epoch on 2 ranks, 7 on one)."""
+    """28 training and 6 dev utterances of data/mini (4 steps per rank and epoch on 2 ranks, 7 on one)."""
     root = tmp_path_factory.mktemp("data")
-    for split, count in (("train", 24), ("dev", 6)):
+    for split, count in (("train", 28), ("dev", 6)):
         rows = [json.loads(line) for line in (MINI / f"{split}.jsonl").read_text().splitlines()[:count]]
         rows = [dict(r, audio_filepath=str(MINI / r["audio_filepath"])) for r in rows]
         (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -1,0 +1,9 @@
+"""Command-line pieces that several test modules pass to asr.fit."""
+
+from dataclasses import fields
+
+from asr.augment import Augmentation
+
+# Every waveform augmentation off (configs/default.yaml turns several on): no randomness in the data,
+# so that a resumed or a distributed run can be compared with an uninterrupted single-process one.
+NO_AUGMENTATION = [arg for f in fields(Augmentation) if f.name.endswith("_prob") for arg in (f"--data.{f.name}", "0")]

@@ -51,7 +51,7 @@ class ASRCLI(LightningCLI):
                             help="checkpoint to resume training from; 'last': the run folder's newest last.ckpt")
         parser.add_argument("--collective_timeout", type=float, default=COLLECTIVE_TIMEOUT_MINUTES,
                             help="minutes a rank waits in a collective before the job stops with an error")
-        parser.add_argument("--test", type=bool, default=True, help="evaluate the best checkpoint on the test set")
+        parser.add_argument("--test", type=bool, default=True, help="after fitting, score the test set (with the weights --test_checkpoint names)")
         parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
                             help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "
                                  "(val/wer), or the weights training ended with (for char models, whose WER is noisy)")

@@ -22,7 +22,7 @@ from asr.audio import AudioError, FeatureConfig, check_finite, load_audio, resam
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
 from asr.model import EncoderConfig, encoder_frames
-from asr.resilience import init_data_worker
+from asr.resilience import end_data_workers_at_exit, init_data_worker
 from asr.sampler import BucketBatchSampler, ResumableLoader
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
 
@@ -277,6 +277,8 @@ class ASRDataModule(pl.LightningDataModule):
             seed=self.hparams.seed, num_replicas=world, rank=rank,
         )
         workers = self.hparams.num_workers
+        if workers:
+            end_data_workers_at_exit()
         loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
                                  num_workers=workers, persistent_workers=workers > 0,
                                  worker_init_fn=partial(init_data_worker, rank=rank))

@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import multiprocessing.util  # registers multiprocessing's exit handler before ours (see end_data_workers_at_exit)
 import os
 import re
 import signal
@@ -124,6 +127,21 @@ def init_data_worker(worker_id: int, rank: int = 0) -> None:
     pl_worker_init_function(worker_id, rank)
     for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+@functools.cache
+def end_data_workers_at_exit() -> None:
+    """Call in the process that starts workers with ``init_data_worker``. At interpreter exit,
+    multiprocessing stops daemonic children with SIGTERM and then joins them; a worker that ignores
+    SIGTERM and whose loader is still alive (persistent workers of a DataModule that a script or test
+    still holds) would be joined forever, so kill such children first (atexit runs this one earlier)."""
+    atexit.register(_kill_daemonic_children)
+
+
+def _kill_daemonic_children() -> None:
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 def last_checkpoint_path(trainer: pl.Trainer) -> Path:

@@ -235,6 +235,25 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_pat
     assert checkpoint["step"] == 1 and torch.equal(checkpoint["weights"], torch.ones(1000))
 
 
+HOLDS_WORKERS = """
+import sys
+from asr.data import ASRDataModule
+data = ASRDataModule(sys.argv[1], sys.argv[2], None, tokenizer_type="char", num_workers=2)
+data.setup("fit")
+LOADER = data.train_dataloader()  # a global, as a script or notebook holds it: its persistent workers live on
+next(iter(LOADER))
+print("read a batch", flush=True)
+"""
+
+
+def test_a_script_that_still_holds_its_data_workers_exits(data):
+    """Data workers ignore SIGTERM (preemption), which multiprocessing's exit handler relies on; at exit they
+    are killed instead of joined forever (this hung the suite's own interpreter after its last test)."""
+    result = run([sys.executable, "-c", HOLDS_WORKERS, data[1], data[3]], timeout=120)
+    assert result.returncode == 0 and "read a batch" in result.stdout, result.stderr[-3000:]
+    assert not group_alive(result.pid, 5), "a data worker outlived the script"
+
+
 def nan_corpus(root: Path, bad: int, count: int = 12) -> list[str]:
     """``count`` bundled utterances, the first ``bad`` of them rewritten as float WAVs so loud (1e36, finite:
     the data loader keeps them; NaN samples it would drop as broken files) that their features overflow."""

@@ -111,6 +111,11 @@ def char_tokenizer() -> Tokenizer:
     return Tokenizer.train(TEXTS, model_type="char")
 
 
+def encoder(**overrides) -> EncoderConfig:
+    """A tiny EncoderConfig (d_model 32, 4 heads, 2 layers, 12 tokens) with ``overrides``."""
+    return EncoderConfig(**{"vocab_size": 12, "n_feats": 80, "d_model": 32, "n_heads": 4, "n_layers": 2, **overrides})
+
+
 def make_model(sample_rate: int = 16000, subsampling: int = 4, checkpoint_every: int = 0, dropout: float = 0.0,
                vocab_size: int = 12, seed: int = 0, attention_window: int = 0, block: str = "transformer",
                conv_norm: str = "layer") -> CTCModel:
@@ -182,3 +187,10 @@ def checkpoint(tmp_path_factory):
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "tokenizer": tokenizer.serialized}, path)
     return path
+
+
+@pytest.fixture
+def tokenizer_arg(tmp_path) -> str:
+    """``--data.tokenizer_model=...`` of a small BPE tokenizer trained on two lines, for asr.bench_steps.build."""
+    Tokenizer.train(["call five two nine", "go left erase three"]).save(tmp_path / "tokenizer.model")
+    return f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"

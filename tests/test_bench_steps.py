@@ -9,16 +9,9 @@ from asr import bench_steps, fit
 from asr.bench_sections import training_batches
 from asr.data import Batch
 from asr.sampler import BucketBatchSampler
-from asr.tokenizer import Tokenizer
 
 MINI = fit.CONFIGS.parent / "data" / "mini"
 NO_NOISE = ("--model.dropout=0", "--model.attention_dropout=0", "--model.spec_augment=false")  # steps are deterministic
-
-
-@pytest.fixture
-def tokenizer_arg(tmp_path) -> str:
-    Tokenizer.train(["call five two nine", "go left erase three"]).save(tmp_path / "tokenizer.model")
-    return f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"
 
 
 def batches(n: int, vocab: int) -> list[Batch]:
@@ -88,3 +81,14 @@ def test_lightning_times_refuses_a_trainer_of_another_length(tokenizer_arg):
     cli = bench_steps.build("tiny", tokenizer_arg, "--trainer.max_steps=5")
     with pytest.raises(ValueError, match="--trainer.max_steps=2"):
         bench_steps.lightning_times(cli, batches(2, cli.model.tokenizer.vocab_size))
+
+
+def test_fastest_takes_each_batch_best_pass():
+    # two passes over three batches: (1, 2, 3) then (0.5, 2.5, 1)
+    assert bench_steps.fastest([1.0, 2.0, 3.0, 0.5, 2.5, 1.0], 2) == pytest.approx(0.5 + 2.0 + 1.0)
+    assert bench_steps.fastest([1.0, 2.0], 1) == 3.0
+
+
+def test_unknown_preset_names_the_missing_file(tokenizer_arg):
+    with pytest.raises(FileNotFoundError, match=r"configs/model/huge\.yaml"):
+        bench_steps.build_module("huge", tokenizer_arg)

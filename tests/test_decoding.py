@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest

@@ -42,6 +42,7 @@ The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 import warnings
@@ -104,11 +105,10 @@ class Transcriber:
         self.chunk_seconds, self.overlap_seconds = chunk_seconds, overlap_seconds
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "cpu", max_batch_seconds: float = 120.0,
-                        **options) -> "Transcriber":
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu", **options) -> "Transcriber":
         """From a checkpoint of asr.fit or a model of asr.export (else CheckpointError); ``options`` as in
         the constructor."""
-        return cls(load_model(path, device), device, max_batch_seconds, **options)
+        return cls(load_model(path, device), device, **options)
 
     @property
     def sample_rate(self) -> int:
@@ -244,9 +244,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--on_error", choices=ON_ERROR, default="continue",
         help="continue: report a bad input on stderr (and in JSONL) and go on; stop: end the run at the first")
     add("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    add("--max_batch_seconds", type=float, default=120.0, help="padded audio per model call")
-    add("--chunk_seconds", type=float, default=30.0, help="longer files run in overlapping chunks of this; 0 = never")
-    add("--overlap_seconds", type=float, default=4.0, help="audio shared by neighbouring chunks")
+    own = inspect.signature(Transcriber).parameters  # the constructor owns these defaults
+    add("--max_batch_seconds", type=float, default=own["max_batch_seconds"].default, help="padded audio per model call")
+    add("--chunk_seconds", type=float, default=own["chunk_seconds"].default,
+        help="longer files run in overlapping chunks of this; 0 = never")
+    add("--overlap_seconds", type=float, default=own["overlap_seconds"].default,
+        help="audio shared by neighbouring chunks")
     add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search (asr.decoding.make_decoder)")
     add("--lm", help="KenLM model (.arpa or .bin) for beam search")
     add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.decoding's)")

@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -134,13 +135,19 @@ def end_data_workers_at_exit() -> None:
     """Call in the process that starts workers with ``init_data_worker``. At interpreter exit,
     multiprocessing stops daemonic children with SIGTERM and then joins them; a worker that ignores
     SIGTERM and whose loader is still alive (persistent workers of a DataModule that a script or test
-    still holds) would be joined forever, so kill such children first (atexit runs this one earlier)."""
-    atexit.register(_kill_daemonic_children)
+    still holds) would be joined forever. This runs first (atexit is last in, first out)."""
+    atexit.register(_end_daemonic_children)
 
 
-def _kill_daemonic_children() -> None:
-    for child in multiprocessing.active_children():
-        if child.daemon:
+def _end_daemonic_children(grace_seconds: float = 1.0) -> None:
+    """SIGTERM every daemonic child, as multiprocessing would; SIGKILL those still alive after the grace."""
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace_seconds
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
             child.kill()
 
 

@@ -128,9 +128,11 @@ def projections(row: dict, target: Target, precision: str, devices_here: int, pr
 
 
 def soonest(rows: list[dict], key: str) -> dict | None:
-    """The row of the largest data fraction with the least ``key`` (hours_here or hours_gpu)."""
+    """The converged row of the largest data fraction with the least ``key`` (hours_here or hours_gpu): a
+    trial cut by max_steps has not converged, so its time is no answer."""
     largest = max((r["fraction"] for r in rows), default=None)
-    candidates = [r for r in rows if r["fraction"] == largest and math.isfinite(r.get(key, math.nan))]
+    candidates = [r for r in rows if r["fraction"] == largest and r.get("converged", True)
+                  and math.isfinite(r.get(key, math.nan))]
     return min(candidates, key=lambda r: r[key], default=None)
 
 
@@ -144,7 +146,8 @@ def answer(rows: list[dict], target: Target) -> str:
     """One sentence: the size that converges soonest here, and the one that would on ``target``."""
     here, there = soonest(rows, "hours_here"), soonest(rows, "hours_gpu")
     if here is None or there is None:
-        return "No finished trial has both a convergence step and a measured step time yet."
+        return ("No finished trial of the largest data fraction has converged within max_steps with a measured "
+                "step time yet.")
 
     def size(row: dict) -> str:
         return f"d_model {row['width']} x {row['depth']} layers ({row['params'] / 1e6:.2f}M parameters)"

@@ -29,7 +29,9 @@ def fit_or_none(rows: list[dict]) -> PowerLaw | None:
 
 
 def analyse(study, rows: list[dict]) -> dict:
-    """The fit over all trials and per data fraction, the plateau, and the one-sentence answer (study.json)."""
+    """The fit over the converged trials and per data fraction, the plateau, and the one-sentence answer
+    (study.json). A trial cut by max_steps only bounds its steps from below, so it is left out of the fit."""
+    answered, rows = answer(rows, study.gpu), [r for r in rows if r["converged"]]
     fit = fit_or_none(rows)
     per_fraction = []
     for fraction in sorted({r["fraction"] for r in rows}):
@@ -43,7 +45,7 @@ def analyse(study, rows: list[dict]) -> dict:
         "a": fit and fit.a, "k1": fit and fit.k1, "k2": fit and fit.k2, "r2": fit and fit.r2,
         "trials": len(rows), "units": {"D": "training audio hours", "M": "parameters", "steps": "optimizer steps"},
         "plateau_params": plateau(list(steps_by_size), list(steps_by_size.values())),
-        "per_fraction": per_fraction, "gpu": asdict(study.gpu), "answer": answer(rows, study.gpu),
+        "per_fraction": per_fraction, "gpu": asdict(study.gpu), "answer": answered,
     }
 
 
@@ -62,9 +64,10 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
     unconverged = [r["trial"] for r in rows if not r["converged"]]
     if unconverged:
         lines += [f"Not converged within max_steps (the minimum is the last validation; * below): "
-                  f"{', '.join(unconverged)}. Their steps are a lower bound: raise max_steps.", ""]
+                  f"{', '.join(unconverged)}. Their steps are a lower bound, left out of the fit: raise "
+                  "max_steps.", ""]
     if result["k2"] is not None or result["k1"] is not None:
-        lines += [f"Fit over {result['trials']} trials: log steps = log a + k1 log D - k2 log M with a = "
+        lines += [f"Fit over {result['trials']} converged trials: log steps = log a + k1 log D - k2 log M with a = "
                   f"{number(result['a'])}, k1 = {number(result['k1'])}, k2 = {number(result['k2'])}, "
                   f"R^2 = {number(result['r2'])} (D in training audio hours, M in parameters).", ""]
     for group in result["per_fraction"]:

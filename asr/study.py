@@ -38,7 +38,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from asr.atomic import write_atomically
 from asr.fit import CONFIGS
-from asr.study_analysis import Target, projections, steps_to_converge
+from asr.study_analysis import Target, projections, steps_to_converge, stopped_early
 from asr.study_data import draw_subsets, subset_path, tokenizer_path
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
@@ -296,7 +296,7 @@ def median(rows: list[dict], *keys: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarise(run: Path, trial: Trial, hours: float) -> dict:
+def summarise(run: Path, trial: Trial, hours: float, patience: int) -> dict:
     """One finished trial's figures: steps to converge, minimum val/loss with its WER/CER, test WER/CER,
     parameters, model FLOPs and seconds per step (CostMonitor's cost/* columns), audio hours seen."""
     rows = read_metrics(run)
@@ -310,7 +310,7 @@ def summarise(run: Path, trial: Trial, hours: float) -> dict:
         "train_hours": hours, "params": count_parameters(run), "steps": steps,
         "last_step": max(steps_done(r) for r in rows if r.get("step")), "validations": len(val),
         "min_val_loss": float(best["val/loss"]), "min_val_step": steps_done(best),
-        "converged": steps_done(best) < steps_done(val[-1]),  # a later validation was no better: not cut by max_steps
+        "converged": stopped_early([float(r["val/loss"]) for r in val], patience),
         "val_wer": float(best.get("val/wer") or "nan"), "val_cer": float(best.get("val/cer") or "nan"),
         "test_wer": float(test.get("test/wer") or "nan"), "test_cer": float(test.get("test/cer") or "nan"),
         "flops_per_step": median(rows, "cost/model_flops_per_s", "cost/step_seconds"),
@@ -331,7 +331,7 @@ def collect(study: Study, out: Path) -> tuple[list[dict], list[str]]:
         if not finished(run):
             missing.append(trial.name)
             continue
-        row = summarise(run, trial, subsets[f"{trial.fraction:g}"]["hours"])
+        row = summarise(run, trial, subsets[f"{trial.fraction:g}"]["hours"], study.patience)
         try:
             rows.append(row | projections(row, study.gpu, str(trainer["precision"]), devices * trainer["num_nodes"],
                                           study.price_per_device_hour))

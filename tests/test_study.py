@@ -78,7 +78,7 @@ def test_tiny_grid_runs_every_trial_and_validates_when_due(grid):
     assert sorted(r["trial"] for r in rows) == sorted(names)
     for row in rows:
         assert int(row["steps"]) in (4, 8, 12, 16)
-        assert row["converged"] == str(int(row["min_val_step"]) < 16)
+        assert row["converged"] == "False"  # 4 validations cannot hold the minimum and 10 more (patience)
         assert float(row["seconds_per_step"]) > 0 and float(row["flops_per_step"]) > 0
         assert float(row["hours_here"]) > 0 and float(row["hours_gpu"]) > 0
     small, large = (int(next(r["params"] for r in rows if r["width"] == w)) for w in ("32", "64"))

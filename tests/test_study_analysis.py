@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asr.study_analysis import Target, answer, fit_power_law, gpu_step_seconds, plateau, steps_to_converge
+from asr.study_analysis import (Target, answer, fit_power_law, gpu_step_seconds, plateau, steps_to_converge,
+                                stopped_early)
 
 
 def test_fit_recovers_known_exponents_from_noisy_steps():
@@ -43,6 +44,12 @@ def test_fit_with_one_data_size_leaves_k1_unknown():
 def test_steps_to_within_one_percent_of_the_minimum(losses, expected):
     assert steps_to_converge([100, 200, 300, 400, 500], losses) == expected
 
+
+
+def test_a_curve_has_converged_only_when_patience_validations_followed_its_minimum():
+    assert stopped_early([3.0, 2.0, 1.0, 1.1, 1.2, 1.0], patience=3)  # a tie is no new minimum
+    assert not stopped_early([3.0, 2.0, 1.0, 1.1, 1.2], patience=3)  # cut by max_steps two validations on
+    assert not stopped_early([3.0, 2.0, 1.0], patience=1)  # still falling at the last validation
 
 def test_steps_to_converge_refuses_mismatched_curves():
     with pytest.raises(ValueError, match="one loss per validation"):

@@ -50,7 +50,8 @@ class ASRCLI(LightningCLI):
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="checkpoint to resume training from; 'last': the run folder's newest last.ckpt")
         parser.add_argument("--collective_timeout", type=float, default=COLLECTIVE_TIMEOUT_MINUTES,
-                            help="minutes a rank waits in a collective before the job stops with an error")
+                            help="minutes a rank waits in a collective (or, at start, for the other ranks to connect) "
+                                 "before the job stops with an error")
         parser.add_argument("--test", type=bool, default=True, help="after fitting, score the test set (with the weights --test_checkpoint names)")
         parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
                             help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "

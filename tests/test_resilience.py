@@ -289,13 +289,14 @@ def test_consecutive_nan_batches_stop_the_run_with_a_message(tmp_path):
 
 
 def test_a_rank_stuck_past_the_collective_timeout_ends_the_job_naming_rank_and_hook(data, tmp_path):
-    """Rank 1 sleeps 40 s in on_train_epoch_end; rank 0 gives up after 0.1 min in its next collective."""
-    stall = {"class_path": "tests.faults.SleepOnRank", "init_args": {"rank": 1, "seconds": 40}}
+    """Rank 1 sleeps 60 s in on_train_epoch_end; rank 0 gives up after 0.3 min in its next collective (the
+    timeout also bounds the ranks' connection at start: 0.1 min was too short for it on a loaded CPU)."""
+    stall = {"class_path": "tests.faults.SleepOnRank", "init_args": {"rank": 1, "seconds": 60}}
     result = fit(tmp_path, *STRATEGIES["ddp"], "--trainer.max_epochs", "2", *SMALL, *data, "--test", "false",
-                 "--collective_timeout", "0.1", f"--trainer.callbacks+={json.dumps(stall)}", ok=False)
+                 "--collective_timeout", "0.3", f"--trainer.callbacks+={json.dumps(stall)}", ok=False)
     assert result.returncode != 0
     assert "asr.fit: error: rank 0: a collective (all-reduce, broadcast or barrier) did not complete within " \
-           "0.1 min in " in result.stderr
+           "0.3 min in " in result.stderr
     if group_alive(result.pid, 15):  # rank 1 is stopped with the job, not left waiting out its own timeout
         os.killpg(result.pid, signal.SIGKILL)
         pytest.fail("a rank outlived the job that timed out")

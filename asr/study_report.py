@@ -63,7 +63,7 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
     lines = ["# Which model size trains fastest?", "", result["answer"], ""]
     unconverged = [r["trial"] for r in rows if not r["converged"]]
     if unconverged:
-        lines += [f"Not converged within max_steps (the minimum is the last validation; * below): "
+        lines += [f"Not converged within max_steps (fewer than patience validations after the minimum; * below): "
                   f"{', '.join(unconverged)}. Their steps are a lower bound, left out of the fit: raise "
                   "max_steps.", ""]
     if result["k2"] is not None or result["k1"] is not None:

@@ -129,3 +129,10 @@ def test_printed_commands_run_as_they_are_and_collect_analyses_them(grid, tiny, 
     assert "Not finished (2): w32-l1-f0.5, w64-l1-f0.5." in collected.stdout
     result = json.loads((out / "study.json").read_text())
     assert result["k1"] is None and result["k2"] is not None  # one data size: no k1
+
+
+def test_the_readme_quick_study_runs_as_documented(tmp_path):
+    """``python -m asr.study --quick --out DIR`` exactly (the tiny grid above overrides its fit_args)."""
+    study("--quick", "--out", str(tmp_path))
+    with open(tmp_path / "trials.csv") as f:
+        assert sorted(r["trial"] for r in csv.DictReader(f)) == ["w32-l2-f0.5", "w32-l2-f1", "w64-l2-f0.5", "w64-l2-f1"]

@@ -34,11 +34,11 @@ def steps_to_converge(steps: list[int], losses: list[float], within: float = CON
     return next(step for step, loss in zip(steps, losses) if loss <= bound)
 
 
-
 def stopped_early(losses: list[float], patience: int) -> bool:
     """Whether ``patience`` validations followed the curve's (first) minimum without a lower loss, as
     Lightning's EarlyStopping decides; a curve cut by max_steps before that has not converged."""
     return len(losses) - 1 - losses.index(min(losses)) >= patience
+
 
 class PowerLaw(NamedTuple):
     """log steps = log a + k1 log D - k2 log M, least squares; k1 or k2 is None when the grid has one D or one M."""

@@ -31,7 +31,7 @@ def fit_or_none(rows: list[dict]) -> PowerLaw | None:
 def analyse(study, rows: list[dict]) -> dict:
     """The fit over the converged trials and per data fraction, the plateau, and the one-sentence answer
     (study.json). A trial cut by max_steps only bounds its steps from below, so it is left out of the fit."""
-    answered, rows = answer(rows, study.gpu), [r for r in rows if r["converged"]]
+    finished, answered, rows = len(rows), answer(rows, study.gpu), [r for r in rows if r["converged"]]
     fit = fit_or_none(rows)
     per_fraction = []
     for fraction in sorted({r["fraction"] for r in rows}):
@@ -43,7 +43,8 @@ def analyse(study, rows: list[dict]) -> dict:
     steps_by_size = geometric_means([r["params"] for r in rows], [r["steps"] for r in rows])
     return {
         "a": fit and fit.a, "k1": fit and fit.k1, "k2": fit and fit.k2, "r2": fit and fit.r2,
-        "trials": len(rows), "units": {"D": "training audio hours", "M": "parameters", "steps": "optimizer steps"},
+        "trials": finished, "fitted": len(rows),
+        "units": {"D": "training audio hours", "M": "parameters", "steps": "optimizer steps"},
         "plateau_params": plateau(list(steps_by_size), list(steps_by_size.values())),
         "per_fraction": per_fraction, "gpu": asdict(study.gpu), "answer": answered,
     }
@@ -67,7 +68,7 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
                   f"{', '.join(unconverged)}. Their steps are a lower bound, left out of the fit: raise "
                   "max_steps.", ""]
     if result["k2"] is not None or result["k1"] is not None:
-        lines += [f"Fit over {result['trials']} converged trials: log steps = log a + k1 log D - k2 log M with a = "
+        lines += [f"Fit over {result['fitted']} converged trials: log steps = log a + k1 log D - k2 log M with a = "
                   f"{number(result['a'])}, k1 = {number(result['k1'])}, k2 = {number(result['k2'])}, "
                   f"R^2 = {number(result['r2'])} (D in training audio hours, M in parameters).", ""]
     for group in result["per_fraction"]:
@@ -154,7 +155,7 @@ def plot(rows: list[dict], result: dict, out: Path) -> None:
                 ax.plot(params, [r["hours_gpu"] for r in group], "s--", color=line.get_color(),
                         label=f"  on {result['gpu']['name']} (estimate)")
             if key == "steps" and result["k2"] is not None:
-                fit = PowerLaw(result["a"], result["k1"], result["k2"], result["r2"], result["trials"])
+                fit = PowerLaw(result["a"], result["k1"], result["k2"], result["r2"], result["fitted"])
                 ax.plot(params, [fit.steps(group[0]["train_hours"], m) for m in params], ":", color=line.get_color())
         ax.set_xscale("log")
         ax.set_yscale("log" if key != "min_val_loss" else "linear")

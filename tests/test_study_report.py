@@ -46,7 +46,7 @@ def test_study_md_answers_states_the_fit_and_has_a_row_per_trial(report):
     text, result = (out / "study.md").read_text(), json.loads((out / "study.json").read_text())
     assert text.startswith("# Which model size trains fastest?\n\n" + result["answer"]) and text in printed
     assert "d_model 32 x 2 layers" in result["answer"].split("converges soonest on this machine")[0]
-    assert result["trials"] == 5 and "Fit over 5 converged trials" in text  # w128-l2-f1 is left out
+    assert result["trials"] == 6 and result["fitted"] == 5 and "Fit over 5 converged trials" in text  # not w128-l2-f1
     assert result["k1"] == pytest.approx(0.5, abs=0.01) and result["k2"] == pytest.approx(0.25, abs=0.01)
     table = [line for line in text.splitlines() if line.startswith("| w")]
     trials = [f"w{w}-l2-f{f:g}" for f in (0.5, 1.0) for w in (32, 64, 128)]

@@ -137,8 +137,8 @@ def soonest(rows: list[dict], key: str) -> dict | None:
     """The converged row of the largest data fraction with the least ``key`` (hours_here or hours_gpu): a
     trial cut by max_steps has not converged, so its time is no answer."""
     largest = max((r["fraction"] for r in rows), default=None)
-    candidates = [r for r in rows if r["fraction"] == largest and r.get("converged", True)
-                  and math.isfinite(r.get(key, math.nan))]
+    candidates = [r for r in rows
+                  if r["fraction"] == largest and r["converged"] and math.isfinite(r.get(key, math.nan))]
     return min(candidates, key=lambda r: r[key], default=None)
 
 

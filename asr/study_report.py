@@ -31,22 +31,22 @@ def fit_or_none(rows: list[dict]) -> PowerLaw | None:
 def analyse(study, rows: list[dict]) -> dict:
     """The fit over the converged trials and per data fraction, the plateau, and the one-sentence answer
     (study.json). A trial cut by max_steps only bounds its steps from below, so it is left out of the fit."""
-    finished, answered, rows = len(rows), answer(rows, study.gpu), [r for r in rows if r["converged"]]
-    fit = fit_or_none(rows)
+    converged = [r for r in rows if r["converged"]]
+    fit = fit_or_none(converged)
     per_fraction = []
-    for fraction in sorted({r["fraction"] for r in rows}):
-        group = [r for r in rows if r["fraction"] == fraction]
+    for fraction in sorted({r["fraction"] for r in converged}):
+        group = [r for r in converged if r["fraction"] == fraction]
         one = fit_or_none(group)
         per_fraction.append({"fraction": fraction, "train_hours": group[0]["train_hours"], "trials": len(group),
                              "k2": one and one.k2, "r2": one and one.r2,
                              "plateau_params": plateau([r["params"] for r in group], [r["steps"] for r in group])})
-    steps_by_size = geometric_means([r["params"] for r in rows], [r["steps"] for r in rows])
+    steps_by_size = geometric_means([r["params"] for r in converged], [r["steps"] for r in converged])
     return {
         "a": fit and fit.a, "k1": fit and fit.k1, "k2": fit and fit.k2, "r2": fit and fit.r2,
-        "trials": finished, "fitted": len(rows),
+        "trials": len(rows), "fitted": len(converged),
         "units": {"D": "training audio hours", "M": "parameters", "steps": "optimizer steps"},
         "plateau_params": plateau(list(steps_by_size), list(steps_by_size.values())),
-        "per_fraction": per_fraction, "gpu": asdict(study.gpu), "answer": answered,
+        "per_fraction": per_fraction, "gpu": asdict(study.gpu), "answer": answer(rows, study.gpu),
     }
 
 

@@ -45,11 +45,11 @@ def test_steps_to_within_one_percent_of_the_minimum(losses, expected):
     assert steps_to_converge([100, 200, 300, 400, 500], losses) == expected
 
 
-
 def test_a_curve_has_converged_only_when_patience_validations_followed_its_minimum():
     assert stopped_early([3.0, 2.0, 1.0, 1.1, 1.2, 1.0], patience=3)  # a tie is no new minimum
     assert not stopped_early([3.0, 2.0, 1.0, 1.1, 1.2], patience=3)  # cut by max_steps two validations on
     assert not stopped_early([3.0, 2.0, 1.0], patience=1)  # still falling at the last validation
+
 
 def test_steps_to_converge_refuses_mismatched_curves():
     with pytest.raises(ValueError, match="one loss per validation"):
@@ -76,7 +76,7 @@ def test_gpu_projection_uses_the_cost_table_and_names_an_unknown_gpu():
 
 def test_answer_names_the_soonest_size_here_and_on_the_gpu():
     rows = [{"fraction": f, "train_hours": f, "width": w, "depth": 2, "params": w * 1e4, "steps": s,
-             "hours_here": here, "hours_gpu": gpu}
+             "hours_here": here, "hours_gpu": gpu, "converged": True}
             for f, w, s, here, gpu in [(1.0, 64, 900, 0.5, 0.010), (1.0, 128, 500, 0.4, 0.012),
                                        (1.0, 256, 450, 0.9, 0.009), (0.5, 32, 10, 0.001, 0.0001)]]
     sentence = answer(rows, Target("H100"))

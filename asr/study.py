@@ -38,7 +38,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from asr.atomic import write_atomically
 from asr.fit import CONFIGS
-from asr.study_analysis import Target, projections, steps_to_converge, stopped_early
+from asr.study_analysis import Target, projections, smoothed, steps_to_converge, stopped_early
 from asr.study_data import draw_subsets, subset_path, tokenizer_path
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
@@ -64,6 +64,10 @@ class Study:
         seed: the draw of the subsets, the same for every trial.
         val_every: validate every this many training batches, so step counts have this resolution.
         patience: validations without a new minimum of val/loss before a trial stops early.
+        smooth: steps to converge are measured on the centred moving average of val/loss over this many
+            (odd) validations; 1 = the raw curve, the paper's definition. At a constant lr the validation
+            loss jitters by more than 1%, and a lucky dip then decides a trial's steps; 5 averages it out.
+            An analysis setting: change it and --collect, no trial reruns.
         max_steps: every trial's step budget; it is also the length of every trial's lr schedule.
         timeout: seconds one trial may run before it is stopped and counted as failed.
         price_per_device_hour: price of one device of this machine for one hour; 0 = no cost.
@@ -79,6 +83,7 @@ class Study:
     seed: int = 0
     val_every: int = 50
     patience: int = 5
+    smooth: int = 1
     max_steps: int = 2000
     timeout: float = 7200.0
     price_per_device_hour: float = 0.0
@@ -129,6 +134,10 @@ def check(study: Study) -> None:
     for name in ("val_every", "patience", "max_steps"):
         if getattr(study, name) < 1:
             raise StudyError(f"{name} must be at least 1, got {getattr(study, name)}")
+    try:
+        smoothed([], study.smooth)
+    except ValueError as err:
+        raise StudyError(f"smooth: {err}") from err
     if study.max_steps < 2 * study.val_every:
         raise StudyError(f"max_steps {study.max_steps} leaves fewer than 2 validations at val_every {study.val_every}")
     if not 0 < study.gpu.mfu <= 1 or study.gpu.devices < 1:
@@ -296,12 +305,13 @@ def median(rows: list[dict], *keys: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def summarise(run: Path, trial: Trial, hours: float, patience: int) -> dict:
+def summarise(run: Path, trial: Trial, hours: float, study: Study) -> dict:
     """One finished trial's figures: steps to converge, minimum val/loss with its WER/CER, test WER/CER,
     parameters, model FLOPs and seconds per step (CostMonitor's cost/* columns), audio hours seen."""
     rows = read_metrics(run)
     val = [row for row in rows if row.get("val/loss")]
-    steps = steps_to_converge([steps_done(r) for r in val], [float(r["val/loss"]) for r in val])
+    losses = [float(r["val/loss"]) for r in val]
+    steps = steps_to_converge([steps_done(r) for r in val], smoothed(losses, study.smooth))
     best = min(val, key=lambda r: float(r["val/loss"]))
     test = next(r for r in reversed(rows) if r.get("test/loss"))
     audio_seconds_per_step = median(rows, "cost/x_real_time", "cost/step_seconds")
@@ -310,7 +320,7 @@ def summarise(run: Path, trial: Trial, hours: float, patience: int) -> dict:
         "train_hours": hours, "params": count_parameters(run), "steps": steps,
         "last_step": max(steps_done(r) for r in rows if r.get("step")), "validations": len(val),
         "min_val_loss": float(best["val/loss"]), "min_val_step": steps_done(best),
-        "converged": stopped_early([float(r["val/loss"]) for r in val], patience),
+        "converged": stopped_early(losses, study.patience),
         "val_wer": float(best.get("val/wer") or "nan"), "val_cer": float(best.get("val/cer") or "nan"),
         "test_wer": float(test.get("test/wer") or "nan"), "test_cer": float(test.get("test/cer") or "nan"),
         "flops_per_step": median(rows, "cost/model_flops_per_s", "cost/step_seconds"),
@@ -331,7 +341,7 @@ def collect(study: Study, out: Path) -> tuple[list[dict], list[str]]:
         if not finished(run):
             missing.append(trial.name)
             continue
-        row = summarise(run, trial, subsets[f"{trial.fraction:g}"]["hours"], study.patience)
+        row = summarise(run, trial, subsets[f"{trial.fraction:g}"]["hours"], study)
         try:
             rows.append(row | projections(row, study.gpu, str(trainer["precision"]), devices * trainer["num_nodes"],
                                           study.price_per_device_hour))

@@ -10,6 +10,7 @@ minimum validation loss, and steps to convergence are modelled as ``a * D**k1 / 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,6 +33,15 @@ def steps_to_converge(steps: list[int], losses: list[float], within: float = CON
     best = min(losses)
     bound = best + within * abs(best)
     return next(step for step, loss in zip(steps, losses) if loss <= bound)
+
+
+def smoothed(losses: list[float], window: int) -> list[float]:
+    """The centred moving average of ``losses`` over ``window`` (odd) validations, narrower at the ends so that
+    every validation keeps its place; ``window`` 1 returns the curve as it is."""
+    if window < 1 or window % 2 == 0:
+        raise ValueError(f"the smoothing window must be an odd number of validations, got {window}")
+    half = window // 2
+    return [statistics.fmean(losses[max(0, i - half):i + half + 1]) for i in range(len(losses))]
 
 
 def stopped_early(losses: list[float], patience: int) -> bool:

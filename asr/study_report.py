@@ -87,7 +87,9 @@ def markdown(study, rows: list[dict], result: dict, missing: list[str]) -> str:
                  number(r["flops_per_step"] / 1e9), number(r["seconds_per_step"]), number(r["audio_hours_seen"]),
                  _time(r["hours_here"]), _time(r["hours_gpu"]), *(number(r[key]) for key, _ in costs)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Time = steps to converge x seconds per step. Here: the median cost/step_seconds the trial "
+    curve = "val/loss" if study.smooth == 1 else f"the {study.smooth}-validation moving average of val/loss"
+    lines += ["", f"Steps to 1% = the first validation within 1% of the minimum of {curve} (--smooth).",
+              "", f"Time = steps to converge x seconds per step. Here: the median cost/step_seconds the trial "
               f"measured. On {gpu.devices} x {gpu.name}: an estimate, the trial's model FLOPs per step at an "
               f"assumed MFU of {gpu.mfu:g} of asr.cost.GPU_PEAKS, plus {gpu.step_overhead:g} s of overhead per "
               "step (gpu.step_overhead: kernel launches, optimizer, data; without it the estimate flatters small "
@@ -137,6 +139,7 @@ def plot(rows: list[dict], result: dict, out: Path) -> None:
     """steps_vs_params.png (log-log, a line per fraction, with the fit), min_val_loss_vs_params.png,
     time_vs_params.png (projected time to converge here and on the named GPU)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fractions = sorted({r["fraction"] for r in rows})
     panels = (("steps_vs_params.png", "steps to within 1% of the minimum val/loss", "steps"),
@@ -158,6 +161,9 @@ def plot(rows: list[dict], result: dict, out: Path) -> None:
                 fit = PowerLaw(result["a"], result["k1"], result["k2"], result["r2"], result["fitted"])
                 ax.plot(params, [fit.steps(group[0]["train_hours"], m) for m in params], ":", color=line.get_color())
         ax.set_xscale("log")
+        sizes = sorted({r["params"] for r in rows})
+        ax.set_xticks(sizes, [f"{m / 1e6:.2g}M" for m in sizes])  # the grid's sizes, not 10^k crowded by minor labels
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("log" if key != "min_val_loss" else "linear")
         ax.set_xlabel("parameters")
         ax.set_ylabel(label)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asr.study_analysis import (Target, answer, fit_power_law, gpu_step_seconds, plateau, steps_to_converge,
-                                stopped_early)
+from asr.study_analysis import (Target, answer, fit_power_law, gpu_step_seconds, plateau, smoothed,
+                                steps_to_converge, stopped_early)
 
 
 def test_fit_recovers_known_exponents_from_noisy_steps():
@@ -43,6 +43,19 @@ def test_fit_with_one_data_size_leaves_k1_unknown():
 ])
 def test_steps_to_within_one_percent_of_the_minimum(losses, expected):
     assert steps_to_converge([100, 200, 300, 400, 500], losses) == expected
+
+
+def test_smoothing_keeps_a_lucky_dip_from_deciding_the_steps():
+    steps = [100 * i for i in range(1, 12)]
+    trend = [3.0, 2.0, 1.5, 1.2, 1.0, 0.9, 0.85, 0.82, 0.8, 0.8, 0.8]
+    jitter = [0.0, 0.0, 0.0, 0.0, -0.25, 0.0, 0.05, -0.05, 0.05, -0.05, 0.05]  # a dip at step 500
+    noisy = [t + j for t, j in zip(trend, jitter)]
+    assert steps_to_converge(steps, noisy) == 500  # the raw curve: the dip is the minimum
+    assert steps_to_converge(steps, smoothed(noisy, 5)) >= 800  # on the trend's floor, not at the dip
+    assert smoothed(noisy, 1) == noisy
+    assert smoothed([1.0, 2.0, 3.0, 4.0], 3) == pytest.approx([1.5, 2.0, 3.0, 3.5])  # narrower at the ends
+    with pytest.raises(ValueError, match="odd number"):
+        smoothed(noisy, 4)
 
 
 def test_a_curve_has_converged_only_when_patience_validations_followed_its_minimum():

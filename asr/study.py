@@ -38,7 +38,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from asr.atomic import write_atomically
 from asr.fit import CONFIGS
-from asr.study_analysis import Target, projections, smoothed, steps_to_converge, stopped_early
+from asr.study_analysis import Target, check_window, projections, smoothed, steps_to_converge, stopped_early
 from asr.study_data import draw_subsets, subset_path, tokenizer_path
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
@@ -65,9 +65,9 @@ class Study:
         val_every: validate every this many training batches, so step counts have this resolution.
         patience: validations without a new minimum of val/loss before a trial stops early.
         smooth: steps to converge are measured on the centred moving average of val/loss over this many
-            (odd) validations; 1 = the raw curve, the paper's definition. At a constant lr the validation
-            loss jitters by more than 1%, and a lucky dip then decides a trial's steps; 5 averages it out.
-            An analysis setting: change it and --collect, no trial reruns.
+            (odd) validations, where the whole window fits; 1 = the raw curve, the paper's definition. At a
+            constant lr the validation loss jitters by more than 1%, and a lucky dip then decides a trial's
+            steps; 5 averages it out. An analysis setting: change it and --collect, no trial reruns.
         max_steps: every trial's step budget; it is also the length of every trial's lr schedule.
         timeout: seconds one trial may run before it is stopped and counted as failed.
         price_per_device_hour: price of one device of this machine for one hour; 0 = no cost.
@@ -135,7 +135,7 @@ def check(study: Study) -> None:
         if getattr(study, name) < 1:
             raise StudyError(f"{name} must be at least 1, got {getattr(study, name)}")
     try:
-        smoothed([], study.smooth)
+        check_window(study.smooth)
     except ValueError as err:
         raise StudyError(f"smooth: {err}") from err
     if study.max_steps < 2 * study.val_every:
@@ -311,7 +311,7 @@ def summarise(run: Path, trial: Trial, hours: float, study: Study) -> dict:
     rows = read_metrics(run)
     val = [row for row in rows if row.get("val/loss")]
     losses = [float(r["val/loss"]) for r in val]
-    steps = steps_to_converge([steps_done(r) for r in val], smoothed(losses, study.smooth))
+    steps = steps_to_converge(*smoothed([steps_done(r) for r in val], losses, study.smooth))
     best = min(val, key=lambda r: float(r["val/loss"]))
     test = next(r for r in reversed(rows) if r.get("test/loss"))
     audio_seconds_per_step = median(rows, "cost/x_real_time", "cost/step_seconds")

@@ -35,13 +35,21 @@ def steps_to_converge(steps: list[int], losses: list[float], within: float = CON
     return next(step for step, loss in zip(steps, losses) if loss <= bound)
 
 
-def smoothed(losses: list[float], window: int) -> list[float]:
-    """The centred moving average of ``losses`` over ``window`` (odd) validations, narrower at the ends so that
-    every validation keeps its place; ``window`` 1 returns the curve as it is."""
+def check_window(window: int) -> None:
     if window < 1 or window % 2 == 0:
         raise ValueError(f"the smoothing window must be an odd number of validations, got {window}")
+
+
+def smoothed(steps: list[int], losses: list[float], window: int) -> tuple[list[int], list[float]]:
+    """The centred moving average of a validation curve over ``window`` (odd) validations, at the steps where
+    the whole window fits: a narrower window at the end would let the last one or two validations decide
+    the minimum. A curve shorter than the window, or ``window`` 1, is returned as it is."""
+    check_window(window)
+    if window == 1 or len(losses) < window:
+        return list(steps), list(losses)
     half = window // 2
-    return [statistics.fmean(losses[max(0, i - half):i + half + 1]) for i in range(len(losses))]
+    averages = [statistics.fmean(losses[i - half:i + half + 1]) for i in range(half, len(losses) - half)]
+    return list(steps[half:len(steps) - half]), averages
 
 
 def stopped_early(losses: list[float], patience: int) -> bool:

@@ -43,7 +43,7 @@ def analyse(study, rows: list[dict]) -> dict:
     steps_by_size = geometric_means([r["params"] for r in converged], [r["steps"] for r in converged])
     return {
         "a": fit and fit.a, "k1": fit and fit.k1, "k2": fit and fit.k2, "r2": fit and fit.r2,
-        "trials": len(rows), "fitted": len(converged),
+        "trials": len(rows), "fitted": len(converged), "smooth": study.smooth,
         "units": {"D": "training audio hours", "M": "parameters", "steps": "optimizer steps"},
         "plateau_params": plateau(list(steps_by_size), list(steps_by_size.values())),
         "per_fraction": per_fraction, "gpu": asdict(study.gpu), "answer": answer(rows, study.gpu),

@@ -51,11 +51,18 @@ def test_smoothing_keeps_a_lucky_dip_from_deciding_the_steps():
     jitter = [0.0, 0.0, 0.0, 0.0, -0.25, 0.0, 0.05, -0.05, 0.05, -0.05, 0.05]  # a dip at step 500
     noisy = [t + j for t, j in zip(trend, jitter)]
     assert steps_to_converge(steps, noisy) == 500  # the raw curve: the dip is the minimum
-    assert steps_to_converge(steps, smoothed(noisy, 5)) >= 800  # on the trend's floor, not at the dip
-    assert smoothed(noisy, 1) == noisy
-    assert smoothed([1.0, 2.0, 3.0, 4.0], 3) == pytest.approx([1.5, 2.0, 3.0, 3.5])  # narrower at the ends
+    assert steps_to_converge(*smoothed(steps, noisy, 5)) == 900  # where the trend reaches its floor, 0.8
+    assert smoothed(steps, noisy, 1) == (steps, noisy)
+    assert smoothed([1, 2, 3, 4], [1.0, 2.0, 3.0, 5.0], 3) == ([2, 3], pytest.approx([2.0, 10 / 3]))
+    assert smoothed([1, 2], [1.0, 2.0], 5) == ([1, 2], [1.0, 2.0])  # shorter than the window: as it is
     with pytest.raises(ValueError, match="odd number"):
-        smoothed(noisy, 4)
+        smoothed(steps, noisy, 4)
+
+
+def test_smoothing_leaves_out_the_ends_where_the_window_does_not_fit():
+    steps = [100 * i for i in range(1, 11)]
+    losses = [3.0, 2.0, 1.0, 0.9, 0.9, 1.0, 1.1, 1.2, 1.3, 0.4]  # over-fitting, then one lucky last validation
+    assert steps_to_converge(*smoothed(steps, losses, 5)) == 500  # not 1000, where a 3-wide end window is 0.967
 
 
 def test_a_curve_has_converged_only_when_patience_validations_followed_its_minimum():

@@ -312,7 +312,7 @@ def summarise(run: Path, trial: Trial, hours: float, study: Study) -> dict:
     val = [row for row in rows if row.get("val/loss")]
     losses = [float(r["val/loss"]) for r in val]
     steps = steps_to_converge(*smoothed([steps_done(r) for r in val], losses, study.smooth))
-    best = min(val, key=lambda r: float(r["val/loss"]))
+    best = val[losses.index(min(losses))]
     test = next(r for r in reversed(rows) if r.get("test/loss"))
     audio_seconds_per_step = median(rows, "cost/x_real_time", "cost/step_seconds")
     return {

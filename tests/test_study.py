@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from asr.study import StudyError, finished, main, read_metrics, steps_done
+from asr.study_analysis import smoothed, steps_to_converge
 
 REPO = Path(__file__).resolve().parents[1]
 MINI = REPO / "data" / "mini"
@@ -122,6 +123,24 @@ def test_a_rerun_does_not_rerun_finished_trials(grid, tiny):
     assert again.stdout.count("finished earlier, not rerun") == 4
     assert metrics.stat().st_mtime_ns == before
     assert json.loads((out / "study.json").read_text())["trials"] == 4
+
+
+def test_collect_re_measures_finished_trials_with_another_smoothing(grid, tmp_path):
+    """``--collect DIR --smooth 3`` (smooth is an analysis setting): no trial reruns, steps on the moving average."""
+    out = tmp_path / "study"
+    shutil.copytree(grid[0], out)
+    metrics = out / "runs" / "w64-l1-f1" / "version_0" / "metrics.csv"
+    before = metrics.stat().st_mtime_ns
+    study("--collect", str(out), "--smooth", "3")
+    assert metrics.stat().st_mtime_ns == before
+    assert json.loads((out / "study.json").read_text())["smooth"] == 3
+    assert "minimum of the 3-validation moving average of val/loss" in (out / "study.md").read_text()
+    with open(out / "trials.csv") as f:
+        rows = {r["trial"]: r for r in csv.DictReader(f)}
+    for name, row in rows.items():
+        val = [r for r in read_metrics(out / "runs" / name / "version_0") if r.get("val/loss")]
+        curve = smoothed([steps_done(r) for r in val], [float(r["val/loss"]) for r in val], 3)
+        assert int(row["steps"]) == steps_to_converge(*curve), name
 
 
 def test_printed_commands_run_as_they_are_and_collect_analyses_them(grid, tiny, tmp_path):

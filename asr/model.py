@@ -3,6 +3,7 @@
     audio (B, n) ──FeatureExtractor──> (B, T, F) ──SpecAugment (training only)──>
     ──Conv2dSubsampling (x4 or x8)──> (B, T', d) ──Transformer or Conformer blocks (asr.blocks)──>
     LayerNorm ──Linear──> (B, T', V) ──log_softmax in fp32──> CTC log-probabilities
+    (training with intermediate CTC also puts the middle block's output through the same LayerNorm and Linear)
 
 T counts feature frames (10 ms each) before subsampling, T' encoder frames after it.
 Lengths are carried explicitly: padded frames are masked out of attention (and zeroed before
@@ -138,8 +139,13 @@ class CTCModel(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
 
-    def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """audio (B, n) and lengths (B,) in samples -> log-probs (B, T', V) in fp32 and lengths (B,)."""
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor, middle: bool = False) -> tuple[torch.Tensor, ...]:
+        """audio (B, n) and lengths (B,) in samples -> log-probs (B, T', V) in fp32 and lengths (B,).
+
+        ``middle=True`` adds a third output: the log-probs (B, T', V) of the middle block's output through
+        the same norm and head, intermediate CTC's (Lee and Watanabe 2021). A flag of forward, not another
+        method, so that FSDP2's hooks on the root module's forward still gather its parameters.
+        """
         feats, frames = self.features(audio, lengths)  # (B, T, F), fp32
         feats = feats.to(self.head.weight.dtype)  # bf16 when the weights are (bf16-true); autocast does the rest
         feats = self.spec_augment(feats)
@@ -151,13 +157,19 @@ class CTCModel(nn.Module):
             x = x + sinusoids(x.shape[1], x.shape[2]).to(x.device, x.dtype)
         mask = attention_mask(lengths, x.shape[1], self.cfg.attention_window)
         keep = (torch.arange(x.shape[1], device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
+        middle_log_probs = None
         for i, block in enumerate(self.blocks):
             if self.training and self.checkpoint_every and i % self.checkpoint_every == 0:
                 x = checkpoint(block, x, mask, keep, use_reentrant=False)
             else:
                 x = block(x, mask, keep)
-        logits = self.head(self.norm(x))  # (B, T', V)
-        return logits.float().log_softmax(dim=-1), lengths
+            if middle and i + 1 == len(self.blocks) // 2:
+                middle_log_probs = self.log_probs(x)
+        return (self.log_probs(x), lengths, middle_log_probs) if middle else (self.log_probs(x), lengths)
+
+    def log_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder states (B, T', d) -> CTC log-probabilities (B, T', V) in fp32."""
+        return self.head(self.norm(x)).float().log_softmax(dim=-1)
 
     @property
     def sample_rate(self) -> int:

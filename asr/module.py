@@ -66,6 +66,7 @@ class ASRModule(pl.LightningModule):
         freq_width: int = SpecAugment.freq_width,
         time_masks: int = SpecAugment.time_masks,
         time_width: float = SpecAugment.time_width,
+        inter_ctc: float = 0.0,
         checkpoint_every: int = 0,
         compile: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -95,6 +96,9 @@ class ASRModule(pl.LightningModule):
             freq_width: widest frequency mask, in feature bins.
             time_masks: SpecAugment time masks per utterance.
             time_width: widest time mask, as a fraction of the batch's frames.
+            inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
+                (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
+                0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
             compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
@@ -107,6 +111,9 @@ class ASRModule(pl.LightningModule):
         super().__init__()
         if tokenizer is None:
             raise ValueError("ASRModule needs a tokenizer: fit.py links it from data.tokenizer")
+        if not 0.0 <= inter_ctc < 1.0 or (inter_ctc and n_layers < 2):
+            raise ValueError(f"model.inter_ctc must be in [0, 1) and needs model.n_layers >= 2, got {inter_ctc} "
+                             f"with {n_layers} layers")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
         feature_config = FeatureConfig.preset(sample_rate, features)
@@ -187,30 +194,36 @@ class ASRModule(pl.LightningModule):
         """Sum over ranks; every rank must call it at the same point (see the module docstring)."""
         return self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
 
-    def _shared_step(self, batch: Batch, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed CTC loss of the batch, its target tokens); evaluation also counts word and char errors."""
-        log_probs, lengths = self.model(batch.audio, batch.audio_lengths)  # (B, T', V) fp32
+    def _shared_step(self, batch: Batch, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(summed loss to minimise, summed CTC loss of the output, the batch's target tokens); they differ
+        only in training with inter_ctc. Evaluation also counts word and char errors."""
+        weight = self.hparams.inter_ctc if stage == "train" else 0.0
+        log_probs, lengths, *middle = self.model(batch.audio, batch.audio_lengths, middle=weight > 0)
         loss_sum = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths, reduction="sum")
+        objective = loss_sum
+        if middle:
+            middle_loss = ctc_loss(middle[0], lengths, batch.tokens, batch.token_lengths, reduction="sum")
+            objective = (1 - weight) * loss_sum + weight * middle_loss
         tokens = batch.token_lengths.sum().to(self.device, torch.float64)
         if stage != "train":
             hypotheses = [self.tokenizer.decode(ids) for ids in greedy(log_probs, lengths)]
             counts = torch.cat([error_counts(batch.texts, hypotheses).to(self.device),
                                 torch.stack([loss_sum.detach().double(), tokens])])
             self.errors[stage] = self.errors.get(stage, 0) + counts
-        return loss_sum, tokens
+        return objective, loss_sum, tokens
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """The loss to backpropagate: this rank's summed loss over the global batch's tokens, times the
         world size, so the ranks' averaged gradients equal the gradient of the global batch's per-token
         loss as one process would compute it."""
-        loss_sum, tokens = self._shared_step(batch, "train")
+        objective, loss_sum, tokens = self._shared_step(batch, "train")
         elapsed = self.timer.time_elapsed("train") if self.timer else 0.0
         counts = torch.tensor([len(batch.texts), elapsed], dtype=torch.float64, device=self.device)
         # the clock rides in the step's one reduce: every rank gets the same mean, so the same lr
         totals = self._reduce(torch.cat([loss_sum.detach().double().view(1), tokens.view(1), counts]))
         self.step_totals = totals[:3] if self.step_totals is None else self.step_totals + totals[:3]  # (accumulation)
         self.step_clock = totals[3:] / self.trainer.world_size
-        return loss_sum * (self.trainer.world_size / totals[1].clamp(min=1))
+        return objective * (self.trainer.world_size / totals[1].clamp(min=1))
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Log the update's global per-token loss, or, when any rank's loss or gradient has a NaN or Inf,

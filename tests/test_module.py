@@ -138,3 +138,30 @@ def test_compiled_blocks_compute_what_eager_blocks_compute(char_tokenizer, wavef
 def test_dropout_settings_reach_every_block(char_tokenizer):
     blocks = module(char_tokenizer, dropout=0.2, attention_dropout=0.3).model.blocks
     assert all((b.dropout, b.attention_dropout) == (0.2, 0.3) for b in blocks)
+
+
+def test_inter_ctc_trains_on_the_middle_blocks_ctc_loss_too_and_leaves_evaluation_alone(char_tokenizer, waveforms):
+    model = module(char_tokenizer, n_layers=4, inter_ctc=0.3).eval()  # eval: no dropout, same outputs twice
+    audio, lengths = waveforms(1.0, 0.8)
+    tokens, token_lengths = torch.tensor([[2, 3], [4, 0]]), torch.tensor([2, 1])
+    batch = Batch(audio, lengths, tokens, token_lengths, ["ab", "c"])
+    middle_states = []
+    hook = model.model.blocks[1].register_forward_hook(lambda _m, _args, out: middle_states.append(out))
+    objective, final, _ = model._shared_step(batch, "train")
+    hook.remove()
+    log_probs, out_lengths = model(audio, lengths)  # inference: two outputs, as before
+    expected_final = ctc_loss(log_probs, out_lengths, tokens, token_lengths, reduction="sum")
+    expected_middle = ctc_loss(model.model.log_probs(middle_states[0]), out_lengths, tokens, token_lengths,
+                               reduction="sum")
+    torch.testing.assert_close(final, expected_final)
+    torch.testing.assert_close(objective, 0.7 * expected_final + 0.3 * expected_middle)
+    assert not torch.isclose(objective, final)  # the middle block's loss does count
+    model.errors.clear()
+    objective, final, _ = model._shared_step(batch, "val")
+    assert objective is final  # validation and test score the output alone
+
+
+@pytest.mark.parametrize("weight, layers", [(1.0, 4), (-0.1, 4), (0.3, 1)])
+def test_inter_ctc_outside_its_range_or_without_a_middle_block_is_refused(char_tokenizer, weight, layers):
+    with pytest.raises(ValueError, match="model.inter_ctc"):
+        module(char_tokenizer, n_layers=layers, inter_ctc=weight)

@@ -68,10 +68,10 @@ def test_demo_recipe_is_what_the_default_config_does_but_for_the_run_name():
     assert demo == default
 
 
-def test_real_1h_cpu_recipe_builds_a_small_char_transformer_bounded_by_time():
+def test_real_1h_cpu_recipe_builds_a_small_char_conformer_bounded_by_time():
     cli = build(["--config", "configs/recipes/real-1h-cpu.yaml", *MINI])
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
-    assert model.hparams.block == "transformer" and model.hparams.spec_augment
+    assert model.hparams.block == "conformer" and model.hparams.spec_augment
     assert 2e6 < sum(p.numel() for p in model.parameters()) < 6e6  # about half the 10M small preset or less
     assert data.hparams.tokenizer_type == "char" and data.tokenizer.vocab_size < 64
     augmentation = data.augmentation
@@ -117,7 +117,7 @@ def test_real_1h_cpu_recipe_trains_end_to_end_on_the_bundled_corpus(tmp_path):
     assert [r["epoch"] for r in rows if r.get("val/cer")] == ["0", "1"]  # validation each epoch
     assert any(r.get("test/cer") for r in rows)
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["hyper_parameters"]["block"] == "transformer" and checkpoint["global_step"] == 6
+    assert checkpoint["hyper_parameters"]["block"] == "conformer" and checkpoint["global_step"] == 6
 
 
 def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(tmp_path):

@@ -16,6 +16,7 @@ hop gives 0 frames (and the model 0 output frames: an empty transcript), never a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,21 @@ class FeatureConfig:
     def n_feats(self) -> int:
         return self.n_mels if self.kind == "mel" else self.win_length // 2 + 1
 
+    @property
+    def mel_range(self) -> tuple[float, float]:
+        return 0.0, self.sample_rate / 2  # Hz covered by the mel filters
+
+    def mel_fbanks(self) -> torch.Tensor:
+        """(bins, n_mels) triangular filters on the HTK mel scale over ``mel_range``."""
+        return AF.melscale_fbanks(self.win_length // 2 + 1, *self.mel_range, self.n_mels, self.sample_rate, mel_scale="htk")
+
+    def bin_hz(self) -> torch.Tensor:
+        """(n_feats,) the centre frequency in Hz of each feature bin: a linear bin's, or a mel filter's peak."""
+        if self.kind == "linear":
+            return torch.arange(self.n_feats) * self.sample_rate / self.win_length
+        low, high = (2595.0 * math.log10(1.0 + hz / 700.0) for hz in self.mel_range)  # HTK mel
+        return 700.0 * (10.0 ** (torch.linspace(low, high, self.n_mels + 2)[1:-1] / 2595.0) - 1.0)
+
 
 def num_frames(num_samples: torch.Tensor | int, sample_rate: int) -> torch.Tensor | int:
     """Feature frames for an utterance of ``num_samples`` samples (see the module docstring)."""
@@ -121,10 +137,7 @@ class FeatureExtractor(nn.Module):
         self.config = config
         self.register_buffer("window", torch.hann_window(config.win_length), persistent=False)
         if config.kind == "mel":
-            fbanks = AF.melscale_fbanks(
-                config.win_length // 2 + 1, 0.0, config.sample_rate / 2, config.n_mels, config.sample_rate
-            )  # (bins, mels)
-            self.register_buffer("fbanks", fbanks, persistent=False)
+            self.register_buffer("fbanks", config.mel_fbanks(), persistent=False)  # (bins, mels)
         else:
             self.fbanks = None
 
@@ -163,21 +176,54 @@ def normalise(feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 class SpecAugment(nn.Module):
     """Frequency and time masks (torchaudio's), different for each utterance; only in training.
 
-    ``time_width`` is the largest time mask as a fraction of the batch's frames.
+    ``time_width`` is the largest time mask as a fraction of the batch's frames. ``freq_warp`` = w > 0
+    first warps each utterance's frequency axis by a factor a drawn from [1 - w, 1 + w] (vocal tract length
+    perturbation, Jaitly and Hinton 2013): what was at f Hz moves to a * f, piecewise linearly so that the
+    top bin stays. It stretches formants and whatever harmonics the bins resolve alike, on the normalised
+    features: a cheap stand-in for other vocal tracts. ``bin_hz`` (``FeatureConfig.bin_hz()``) places the
+    bins; only the warp needs it.
     """
 
-    freq_masks, freq_width, time_masks, time_width = 2, 15, 2, 0.05  # the defaults (ASRModule's too)
+    freq_masks, freq_width, time_masks, time_width, freq_warp = 2, 15, 2, 0.05, 0.0  # the defaults (ASRModule's too)
+    WARP_KNEE = 0.8  # output Hz up to this fraction of the top bin's (times min(1, a)) come from f / a; then linear
 
     def __init__(self, freq_masks: int = freq_masks, freq_width: int = freq_width, time_masks: int = time_masks,
-                 time_width: float = time_width):
+                 time_width: float = time_width, freq_warp: float = freq_warp, bin_hz: torch.Tensor | None = None):
         super().__init__()
+        if not 0.0 <= freq_warp < 0.5:
+            raise ValueError(f"model.freq_warp must be in [0, 0.5), got {freq_warp}")
+        if freq_warp and bin_hz is None:
+            raise ValueError("SpecAugment: freq_warp needs the bins' frequencies (bin_hz)")
         self.freq_masks, self.freq_width = freq_masks, freq_width
         self.time_masks, self.time_width = time_masks, time_width
+        self.freq_warp = freq_warp
+        # a plain fp32 attribute, not a buffer: not in checkpoints, and not cast to bf16 with the weights
+        self.bin_hz = bin_hz.float() if freq_warp else None
+
+    def source_hz(self, factors: torch.Tensor) -> torch.Tensor:
+        """(B,) warp factors -> (B, F) the frequency each output bin takes its value from (ascending, top fixed)."""
+        hz = self.bin_hz.to(factors.device)  # (F,) ascending
+        top, a = hz[-1], factors[:, None]
+        knee = self.WARP_KNEE * top * a.clamp(max=1.0)  # (B, 1) output Hz where the slope changes
+        above = knee / a + (hz - knee) * (top - knee / a) / (top - knee)  # linear from (knee, knee / a) to (top, top)
+        return torch.where(hz <= knee, hz / a, above).clamp(hz[0], top)
+
+    def warp(self, feats: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) features, (B,) warp factors -> (B, T, F): each bin interpolated at its ``source_hz``."""
+        hz, source = self.bin_hz.to(feats.device), self.source_hz(factors.float())
+        hi = torch.searchsorted(hz, source.contiguous()).clamp(1, hz.numel() - 1)  # (B, F)
+        lo = hi - 1
+        weight = ((source - hz[lo]) / (hz[hi] - hz[lo])).to(feats.dtype)[:, None, :]  # (B, 1, F)
+        below, over = (torch.take_along_dim(feats, i[:, None, :], 2) for i in (lo, hi))
+        return below * (1 - weight) + over * weight
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         """(B, T, F) -> (B, T, F); masked values are 0, the normalised mean."""
         if not self.training:
             return feats
+        if self.freq_warp:
+            factors = 1.0 + self.freq_warp * (2 * torch.rand(feats.shape[0], device=feats.device) - 1)
+            feats = self.warp(feats, factors)
         x = feats.transpose(1, 2).unsqueeze(1)  # (B, 1, F, T): torchaudio's (..., freq, time)
         for _ in range(self.freq_masks):
             x = AF.mask_along_axis_iid(x, self.freq_width, 0.0, axis=2)

@@ -58,10 +58,14 @@ def load(path: Path) -> dict:
 def check_compatible(reference: dict, reference_path: Path, other: dict, path: Path) -> None:
     """Raise AverageError naming ``path`` if ``other`` cannot be averaged with ``reference``."""
     # the settings first: a differing d_model says more than the first weight of another shape
-    a, b = reference["hyper_parameters"], other["hyper_parameters"]
-    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    from asr.module import ASRModule  # here: importing Lightning costs seconds, and only this check needs it
+
+    a, b = ASRModule.settings(reference["hyper_parameters"]), ASRModule.settings(other["hyper_parameters"])
+    differing = sorted(k for k in a if a[k] != b[k])
     if differing:
-        details = ", ".join(f"{k}={b.get(k)!r} vs {a.get(k)!r}" for k in differing)
+        written = reference["hyper_parameters"].keys() & other["hyper_parameters"].keys()
+        details = ", ".join(f"{k}={b[k]!r} vs {a[k]!r}" + ("" if k in written else " (one file lacks it: its default)")
+                            for k in differing)
         raise AverageError(f"{path}: hyper-parameters differ from {reference_path}'s: {details}")
     if other["tokenizer"] != reference["tokenizer"]:
         raise AverageError(f"{path}: its tokenizer differs from {reference_path}'s")

@@ -146,6 +146,8 @@ class CTCModel(nn.Module):
         the same norm and head, intermediate CTC's (Lee and Watanabe 2021). A flag of forward, not another
         method, so that FSDP2's hooks on the root module's forward still gather its parameters.
         """
+        if middle and self.middle_block < 0:
+            raise ValueError(f"intermediate CTC needs at least 2 blocks, this model has {len(self.blocks)}")
         feats, frames = self.features(audio, lengths)  # (B, T, F), fp32
         feats = feats.to(self.head.weight.dtype)  # bf16 when the weights are (bf16-true); autocast does the rest
         feats = self.spec_augment(feats)
@@ -163,9 +165,14 @@ class CTCModel(nn.Module):
                 x = checkpoint(block, x, mask, keep, use_reentrant=False)
             else:
                 x = block(x, mask, keep)
-            if middle and i + 1 == len(self.blocks) // 2:
+            if middle and i == self.middle_block:
                 middle_log_probs = self.log_probs(x)
         return (self.log_probs(x), lengths, middle_log_probs) if middle else (self.log_probs(x), lengths)
+
+    @property
+    def middle_block(self) -> int:
+        """The block whose output intermediate CTC reads: the last of the first half (-1: fewer than 2 blocks)."""
+        return len(self.blocks) // 2 - 1
 
     def log_probs(self, x: torch.Tensor) -> torch.Tensor:
         """Encoder states (B, T', d) -> CTC log-probabilities (B, T', V) in fp32."""

@@ -66,6 +66,7 @@ class ASRModule(pl.LightningModule):
         freq_width: int = SpecAugment.freq_width,
         time_masks: int = SpecAugment.time_masks,
         time_width: float = SpecAugment.time_width,
+        freq_warp: float = SpecAugment.freq_warp,
         inter_ctc: float = 0.0,
         checkpoint_every: int = 0,
         compile: bool = False,
@@ -96,6 +97,8 @@ class ASRModule(pl.LightningModule):
             freq_width: widest frequency mask, in feature bins.
             time_masks: SpecAugment time masks per utterance.
             time_width: widest time mask, as a fraction of the batch's frames.
+            freq_warp: w in [0, 0.5): w > 0 stretches each training utterance's frequency axis by a factor from
+                [1 - w, 1 + w] (vocal tract length perturbation, asr.audio.SpecAugment); 0 = off. Needs spec_augment.
             inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
                 (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
                 0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
@@ -111,9 +114,10 @@ class ASRModule(pl.LightningModule):
         super().__init__()
         if tokenizer is None:
             raise ValueError("ASRModule needs a tokenizer: fit.py links it from data.tokenizer")
-        if not 0.0 <= inter_ctc < 1.0 or (inter_ctc and n_layers < 2):
-            raise ValueError(f"model.inter_ctc must be in [0, 1) and needs model.n_layers >= 2, got {inter_ctc} "
-                             f"with {n_layers} layers")
+        if not 0.0 <= inter_ctc < 1.0:
+            raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc}")
+        if freq_warp and not spec_augment:
+            raise ValueError("model.freq_warp is part of SpecAugment: it needs model.spec_augment true")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
         feature_config = FeatureConfig.preset(sample_rate, features)
@@ -123,8 +127,11 @@ class ASRModule(pl.LightningModule):
             subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
             block=block, conv_kernel=conv_kernel, conv_norm=conv_norm,
         )
-        augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if spec_augment else None
+        augment = SpecAugment(freq_masks, freq_width, time_masks, time_width, freq_warp,
+                              feature_config.bin_hz()) if spec_augment else None
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
+        if inter_ctc and self.model.middle_block < 0:
+            raise ValueError(f"model.inter_ctc needs a middle block, so model.n_layers >= 2, got {n_layers}")
         self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
         self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
         self.step_clock: torch.Tensor | None = None  # the ranks' mean seconds of training at this update (max_time)
@@ -139,11 +146,17 @@ class ASRModule(pl.LightningModule):
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
         if "tokenizer" not in checkpoint:
             raise ValueError(f"{path} has no tokenizer inside: it was not written by asr.fit")
-        accepted = inspect.signature(cls.__init__).parameters  # LightningCLI adds keys of its own
-        hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
-        module = cls(tokenizer=Tokenizer(checkpoint["tokenizer"]), **hparams)
+        module = cls(tokenizer=Tokenizer(checkpoint["tokenizer"]), **cls.settings(checkpoint["hyper_parameters"]))
         module.load_state_dict(checkpoint["state_dict"])
         return module.eval()
+
+    @classmethod
+    def settings(cls, hyper_parameters: dict) -> dict:
+        """A checkpoint's hyper-parameters as this class's arguments: keys LightningCLI added are dropped, and a
+        setting added after the checkpoint was written gets its default, the value that run had."""
+        accepted = inspect.signature(cls.__init__).parameters
+        return {name: hyper_parameters.get(name, p.default) for name, p in accepted.items()
+                if name not in ("self", "tokenizer", "optimizer")}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokenizer"] = self.tokenizer.serialized

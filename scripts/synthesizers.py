@@ -49,7 +49,8 @@ def missing_tools(synths, festival_voices=()):
 def wav_bytes(synth, voice, text, rate, pitch, amplitude, what):
     """The synthesiser's own WAV (any rate) of ``text``.
 
-    rate: words per minute (festival: ignored); pitch: espeak-ng's 0-99 (espeak-ng only);
+    rate: words per minute (festival: ignored); pitch: espeak-ng's 0-99; flite's mean F0 in Hz, or
+    None for the voice's own; festival: ignored;
     amplitude: espeak-ng's -a (the others are levelled in ``speak``).
     """
     if synth == "espeak-ng":
@@ -62,7 +63,8 @@ def wav_bytes(synth, voice, text, rate, pitch, amplitude, what):
         if synth == "festival":  # at its own rate: its HTS voice ignores Duration_Stretch
             run(["text2wave", "-eval", f"(voice_{voice})", "-o", str(out)], text.encode(), what, stdout=False)
         else:
-            run(["flite", "-voice", voice, "--setf", f"duration_stretch={ESPEAK_WPM / rate:.3f}",
+            f0 = [] if pitch is None else ["--setf", f"int_f0_target_mean={pitch}"]
+            run(["flite", "-voice", voice, "--setf", f"duration_stretch={ESPEAK_WPM / rate:.3f}", *f0,
                  "-t", text, "-o", str(out)], None, what, stdout=False)
         return out.read_bytes()
 

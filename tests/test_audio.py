@@ -166,3 +166,56 @@ def test_spec_augment_draws_different_masks_for_each_utterance():
     masked = SpecAugment().train()(torch.randn(4, 200, 80))
     zeroed = masked == 0
     assert any(not torch.equal(zeroed[0], zeroed[i]) for i in range(1, 4))
+
+
+def test_bin_hz_are_the_centres_of_the_mel_filters_and_the_linear_bins():
+    mel = FeatureConfig.preset(16000)
+    fbanks = FeatureExtractor(mel).fbanks  # (bins, mels)
+    bins = torch.linspace(0, 8000, fbanks.shape[0])
+    centroids = bins @ fbanks / fbanks.sum(0)  # each filter's centre of mass
+    torch.testing.assert_close(mel.bin_hz(), centroids, atol=25.0, rtol=0.0)  # 40 Hz bin spacing
+    linear = FeatureConfig.preset(8000)
+    torch.testing.assert_close(linear.bin_hz(), torch.arange(81) * 4000.0 / 80)
+
+
+@pytest.mark.parametrize("sample_rate", [16000, 8000])
+def test_freq_warp_moves_a_formant_by_the_drawn_factor_and_keeps_the_top_bin(sample_rate):
+    cfg = FeatureConfig.preset(sample_rate)
+    hz = cfg.bin_hz()
+    formant = torch.exp(-(((hz - 1000.0) / 150.0) ** 2))  # (F,) a peak at 1 kHz
+    feats = formant.expand(3, 20, -1) + torch.linspace(0, 1, 20)[None, :, None]  # rising level over time
+    augment = SpecAugment(0, 15, 0, 0.05, freq_warp=0.2, bin_hz=hz)
+    warped = augment.warp(feats, torch.tensor([0.8, 1.0, 1.2]))
+    peaks = [hz[warped[i, 0].argmax()].item() for i in range(3)]
+    assert peaks[0] == pytest.approx(800.0, rel=0.08) and peaks[2] == pytest.approx(1200.0, rel=0.08)
+    torch.testing.assert_close(warped[1], feats[1])  # a = 1 changes nothing
+    torch.testing.assert_close(warped[:, :, -1], feats[:, :, -1])  # the top bin stays
+    torch.testing.assert_close(warped[:, 1:] - warped[:, :-1], feats[:, 1:] - feats[:, :-1])  # time untouched
+
+
+@pytest.mark.parametrize("sample_rate", [16000, 8000])
+@pytest.mark.parametrize("factor", [0.7, 0.9, 1.1, 1.4])
+def test_freq_warp_reads_f_over_a_below_the_knee_then_a_line_to_the_top_bin(sample_rate, factor):
+    hz = FeatureConfig.preset(sample_rate).bin_hz()
+    augment = SpecAugment(freq_warp=0.45, bin_hz=hz)
+    ramp = hz.expand(1, 1, -1)  # features equal to their own bin's Hz: the warp returns each bin's source Hz
+    source = augment.warp(ramp, torch.tensor([factor]))[0, 0]
+    knee = SpecAugment.WARP_KNEE * hz[-1].item() * min(1.0, factor)
+    below, above = hz <= knee, hz > knee
+    torch.testing.assert_close(source[below], (hz[below] / factor).clamp(min=hz[0]), rtol=1e-4, atol=1e-2)
+    slopes = source[above].diff() / hz[above].diff()  # one line from (knee, knee / a) to (top, top)
+    torch.testing.assert_close(slopes, slopes[:1].expand_as(slopes), rtol=1e-3, atol=1e-3)
+    line_at_knee = source[above][0] - slopes[0] * (hz[above][0] - knee)
+    assert line_at_knee.item() == pytest.approx(knee / factor, rel=1e-3)  # continuous at the knee
+    assert source[-1].item() == pytest.approx(hz[-1].item()) and bool((source.diff() > 0).all())
+
+
+def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval():
+    cfg = FeatureConfig.preset(16000)
+    feats = torch.randn(1, 50, cfg.n_feats).expand(4, -1, -1)  # one utterance four times
+    augment = SpecAugment(0, 15, 0, 0.05, freq_warp=0.1, bin_hz=cfg.bin_hz())
+    out = augment.train()(feats.clone())
+    assert not torch.equal(out[0], feats[0]) and not torch.equal(out[0], out[1]) and not torch.equal(out[1], out[2])
+    assert torch.equal(augment.eval()(feats), feats)
+    with pytest.raises(ValueError, match="model.freq_warp"):
+        SpecAugment(freq_warp=0.5, bin_hz=cfg.bin_hz())

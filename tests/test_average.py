@@ -111,3 +111,16 @@ def test_last_averages_the_newest_steps_counting_last_ckpt_once(run_folder, tmp_
 def test_asking_for_more_checkpoints_than_kept_points_at_save_top_k(run_folder, tmp_path):
     with pytest.raises(SystemExit, match="only 3 such checkpoints.*save_top_k"):
         main([str(tmp_path / "x.ckpt"), "--best", "4", str(run_folder)])
+
+
+def test_a_checkpoint_from_before_a_setting_existed_averages_with_one_at_its_default(char_tokenizer, tmp_path):
+    """A resumed run can span a release that added a setting (inter_ctc): the older file lacks the key."""
+    a = write_checkpoint(tmp_path / "a.ckpt", char_tokenizer, seed=0)
+    b = write_checkpoint(tmp_path / "b.ckpt", char_tokenizer, seed=1)
+    older = torch.load(a, weights_only=True)
+    del older["hyper_parameters"]["inter_ctc"]
+    torch.save(older, a)
+    average([a, b])  # no error: the missing inter_ctc is ASRModule's default, 0.0, as b's
+    changed = write_checkpoint(tmp_path / "c.ckpt", char_tokenizer, inter_ctc=0.3)
+    with pytest.raises(AverageError, match="c.ckpt: .*inter_ctc=0.3 vs 0.0"):
+        average([a, changed])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import soundfile
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_corpus.py"
 sys.path.insert(0, str(SCRIPT.parent))  # the scripts import each other as siblings
 import make_corpus as corpus  # noqa: E402
+import synthesizers as tts  # noqa: E402
 pytestmark = pytest.mark.skipif(
     not (shutil.which("espeak-ng") and shutil.which("flite") and shutil.which("sox")),
     reason="needs espeak-ng, flite and sox (apt-get install)"
@@ -96,6 +98,8 @@ def test_mini_dev_and_test_hear_variants_train_never_hears_and_flite_speaks(tmp_
     own = {split: {f"espeak-ng/{v}" for v in variants}
            for split, variants in (("dev", corpus.DEV_VARIANTS), ("test", corpus.TEST_VARIANTS))}
     assert heard["train"] <= seen and any(v.startswith("flite/") for v in heard["train"])
+    awb = [r["pitch"] for split in ("train", "dev", "test") for r in manifest(tmp_path, split) if r["speaker"] == "awb"]
+    assert len(set(awb)) > 1 and all(corpus.FLITE_F0[0] <= f0 <= corpus.FLITE_F0[1] for f0 in awb)
     for split in ("dev", "test"):
         assert heard[split] & own[split] and heard[split] <= seen | own[split]
     assert not own["dev"] & own["test"] and not (own["dev"] | own["test"]) & seen
@@ -125,3 +129,30 @@ def test_heldout_set_is_byte_identical_for_a_seed_and_its_8k_copy_is_telephone_a
     spectrum = np.abs(np.fft.rfft(samples)) ** 2
     freqs = np.fft.rfftfreq(len(samples), 1 / rate)
     assert spectrum[freqs > 3600].sum() < 0.01 * spectrum.sum()  # band-limited to 300-3400 Hz
+
+
+def median_f0(samples: np.ndarray, rate: int) -> float:
+    """Median autocorrelation F0 (Hz) over the loud, clearly periodic 40 ms frames."""
+    x = samples.astype(np.float64) / 32768
+    frame, estimates = int(0.04 * rate), []
+    lo, hi = rate // 400, rate // 60
+    for start in range(0, len(x) - frame, frame // 2):
+        w = x[start:start + frame]
+        if np.abs(w).max() < 0.2 * np.abs(x).max():
+            continue
+        ac = np.correlate(w, w, "full")[frame - 1:]
+        lag = lo + int(np.argmax(ac[lo:hi]))
+        if ac[lag] > 0.5 * ac[0]:
+            estimates.append(rate / lag)
+    assert estimates, "no clearly periodic frame: no F0 to measure"
+    return float(np.median(estimates))
+
+
+def test_flite_awb_speaks_at_the_drawn_mean_f0_and_rms_at_its_own():
+    low, high = (tts.speak("flite", "awb", "call five two nine", 175, f0, 20, 16000, "test")
+                 for f0 in corpus.FLITE_F0)
+    assert 1.8 < median_f0(high, 16000) / median_f0(low, 16000) < 3.5  # 220 / 80 Hz = 2.75
+    rng = random.Random(0)
+    awb = {corpus.utterance(rng, "train", 0, "go", "flite", "awb", 16000).pitch for _ in range(20)}
+    assert len(awb) > 5 and all(corpus.FLITE_F0[0] <= f0 <= corpus.FLITE_F0[1] for f0 in awb)
+    assert corpus.utterance(rng, "train", 0, "go", "flite", "rms", 16000).pitch is None

@@ -218,7 +218,7 @@ def test_compiled_conformer_blocks_compute_what_eager_blocks_compute(tiny_model,
 
 def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(tmp_path):
     """2 processes on gloo, FSDP2 fully_shard per Conformer block (batch norm buffers included), with
-    intermediate CTC: forward's middle flag still goes through FSDP2's hooks on the sharded root."""
+    intermediate CTC: forward's middle flag runs through FSDP2's hooks on the sharded root without error."""
     from asr.transcribe import Transcriber
 
     manifest = mini_slice(tmp_path, 32)
@@ -250,3 +250,15 @@ def test_a_conformer_exports_with_torch_export_and_matches_itself(tiny_model, wa
     exported = export.ExportedModel(program.module(), 16000, char_tokenizer, model.frame_seconds,
                                     export.min_samples(program, model), torch.device("cpu"))
     assert export.parity(model, exported).ok  # batches of 1 to 4 utterances, one graph
+
+
+def test_the_middle_output_is_the_first_halfs_last_block_and_one_block_has_none(tiny_model, waveforms):
+    model = tiny_model(n_layers=4).eval()
+    states = []
+    model.blocks[1].register_forward_hook(lambda _m, _args, out: states.append(out))
+    audio, lengths = waveforms(0.9, 0.5)
+    with torch.no_grad():
+        _, _, middle = model(audio, lengths, middle=True)
+    torch.testing.assert_close(middle, model.log_probs(states[0]))
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        tiny_model(n_layers=1)(audio, lengths, middle=True)

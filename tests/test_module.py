@@ -165,3 +165,13 @@ def test_inter_ctc_trains_on_the_middle_blocks_ctc_loss_too_and_leaves_evaluatio
 def test_inter_ctc_outside_its_range_or_without_a_middle_block_is_refused(char_tokenizer, weight, layers):
     with pytest.raises(ValueError, match="model.inter_ctc"):
         module(char_tokenizer, n_layers=layers, inter_ctc=weight)
+
+
+def test_freq_warp_is_refused_without_spec_augment_and_then_changes_training_features_only(char_tokenizer):
+    with pytest.raises(ValueError, match="model.freq_warp"):
+        module(char_tokenizer, spec_augment=False, freq_warp=0.1)
+    model = module(char_tokenizer, spec_augment=True, freq_warp=0.2, freq_masks=0, time_masks=0).model
+    feats = torch.randn(2, 30, 80)
+    assert not torch.equal(model.spec_augment.train()(feats), feats)  # the masks are off: this is the warp
+    assert torch.equal(model.spec_augment.eval()(feats), feats)
+    assert not any("bin_hz" in key for key in model.state_dict())  # checkpoints stay as they were

@@ -103,7 +103,8 @@ def test_tiny_grid_writes_table_json_and_plots(grid):
     assert result["trials"] == 4 and result["fitted"] == len(converged) >= 2
     assert result["a"] > 0 and isinstance(result["k1"], float) and isinstance(result["k2"], float)  # both D and M vary
     assert result["smooth"] == 1
-    assert result["answer"].startswith("With the largest data fraction (1: 0.29 h of audio), d_model ")
+    hours = sum(json.loads(line)["duration"] for line in (MINI / "train.jsonl").open()) / 3600
+    assert result["answer"].startswith(f"With the largest data fraction (1: {hours:.2f} h of audio), d_model ")
     table = (out / "study.md").read_text()
     assert ("Not converged within max_steps" in table) == (len(converged) < 4)
     assert result["answer"] in table and table.count("| w") == 4

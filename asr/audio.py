@@ -110,7 +110,8 @@ class FeatureConfig:
 
     def mel_fbanks(self) -> torch.Tensor:
         """(bins, n_mels) triangular filters on the HTK mel scale over ``mel_range``."""
-        return AF.melscale_fbanks(self.win_length // 2 + 1, *self.mel_range, self.n_mels, self.sample_rate, mel_scale="htk")
+        bins = self.win_length // 2 + 1
+        return AF.melscale_fbanks(bins, *self.mel_range, self.n_mels, self.sample_rate, mel_scale="htk")
 
     def bin_hz(self) -> torch.Tensor:
         """(n_feats,) the centre frequency in Hz of each feature bin: a linear bin's, or a mel filter's peak."""
@@ -198,11 +199,10 @@ class SpecAugment(nn.Module):
         self.time_masks, self.time_width = time_masks, time_width
         self.freq_warp = freq_warp
         # a plain fp32 attribute, not a buffer: not in checkpoints, and not cast to bf16 with the weights
-        self.bin_hz = bin_hz.float() if freq_warp else None
+        self.bin_hz = None if bin_hz is None else bin_hz.float()
 
-    def source_hz(self, factors: torch.Tensor) -> torch.Tensor:
-        """(B,) warp factors -> (B, F) the frequency each output bin takes its value from (ascending, top fixed)."""
-        hz = self.bin_hz.to(factors.device)  # (F,) ascending
+    def source_hz(self, hz: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+        """(F,) ascending bin Hz, (B,) warp factors -> (B, F) the Hz each output bin takes its value from."""
         top, a = hz[-1], factors[:, None]
         knee = self.WARP_KNEE * top * a.clamp(max=1.0)  # (B, 1) output Hz where the slope changes
         above = knee / a + (hz - knee) * (top - knee / a) / (top - knee)  # linear from (knee, knee / a) to (top, top)
@@ -210,7 +210,8 @@ class SpecAugment(nn.Module):
 
     def warp(self, feats: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
         """(B, T, F) features, (B,) warp factors -> (B, T, F): each bin interpolated at its ``source_hz``."""
-        hz, source = self.bin_hz.to(feats.device), self.source_hz(factors.float())
+        hz = self.bin_hz.to(feats.device)  # (F,) ascending
+        source = self.source_hz(hz, factors.float().to(feats.device))
         hi = torch.searchsorted(hz, source.contiguous()).clamp(1, hz.numel() - 1)  # (B, F)
         lo = hi - 1
         weight = ((source - hz[lo]) / (hz[hi] - hz[lo])).to(feats.dtype)[:, None, :]  # (B, 1, F)

@@ -127,8 +127,9 @@ class ASRModule(pl.LightningModule):
             subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
             block=block, conv_kernel=conv_kernel, conv_norm=conv_norm,
         )
-        augment = SpecAugment(freq_masks, freq_width, time_masks, time_width, freq_warp,
-                              feature_config.bin_hz()) if spec_augment else None
+        bin_hz = feature_config.bin_hz() if freq_warp else None  # only the warp needs it
+        augment = (SpecAugment(freq_masks, freq_width, time_masks, time_width, freq_warp, bin_hz)
+                   if spec_augment else None)
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
         if inter_ctc and self.model.middle_block < 0:
             raise ValueError(f"model.inter_ctc needs a middle block, so model.n_layers >= 2, got {n_layers}")

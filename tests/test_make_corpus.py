@@ -148,7 +148,7 @@ def median_f0(samples: np.ndarray, rate: int) -> float:
     return float(np.median(estimates))
 
 
-def test_flite_awb_speaks_at_the_drawn_mean_f0_and_rms_at_its_own():
+def test_flite_awb_speaks_at_the_drawn_mean_f0_and_rms_is_given_none():
     low, high = (tts.speak("flite", "awb", "call five two nine", 175, f0, 20, 16000, "test")
                  for f0 in corpus.FLITE_F0)
     assert 1.8 < median_f0(high, 16000) / median_f0(low, 16000) < 3.5  # 220 / 80 Hz = 2.75

@@ -1,4 +1,4 @@
-"""Generate a synthetic speech corpus with espeak-ng and flite (manifests + FLAC audio).
+"""Generate a synthetic speech corpus with espeak-ng, flite and festival (manifests + FLAC audio).
 
 Usage:
 
@@ -25,9 +25,10 @@ Every random choice (sentence, synthesiser, accent, voice variant, speaking rate
 level, silence margins) is drawn up front from --seed, so two runs produce
 byte-identical files. The three splits never share a transcript; dev and test also use
 voice variants of their own that train never hears, and scripts/make_heldout.py makes a
-set of voices (another synthesiser, festival) that none of these splits hears.
+set of voices (festival's English voices, flite's and espeak-ng's others) that none of these splits hears.
 
-Needs: numpy, soundfile, and the binaries (apt-get install espeak-ng flite sox).
+Needs: numpy, soundfile, and the binaries (apt-get install espeak-ng flite sox); the mini corpus
+also festival and its voices of other languages (scripts/accents.py names their packages).
 """
 import argparse
 import collections
@@ -41,12 +42,13 @@ import re
 import shutil
 import subprocess
 import sys
-import unicodedata
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
+import accents
+import sentences as free_text
 import synthesizers as tts
 
 SPLITS = ("train", "dev", "test")
@@ -76,7 +78,12 @@ UNSEEN_SHARE = 0.5   # share of dev and test utterances spoken by their own vari
 # flite's statistical voices: other synthesisers than espeak's formants, heard in every split.
 # Its kal, kal16 and slt speakers are the held-out set's (festival has them too): never here.
 FLITE_VOICES = ("awb", "rms")
-FLITE_SHARE = 0.35  # 0.15 until 2026-11-23: docs/benchmarks.md, "the bundled corpus with more flite"
+FLITE_SHARE = 0.30  # 0.15, then 0.35 until 2026-11-23 (night): docs/benchmarks.md, "accented voices in the bundled corpus"
+# festival's voices of other languages, reading the English words in their own spelling (accented
+# speakers, from recordings of real people): the mini corpus only, heard in every split. festival's
+# English voices are the held-out set's.
+FESTIVAL_VOICES = tuple(accents.VOICES)
+FESTIVAL_SHARE = 0.25
 # awb's intonation follows flite's int_f0_target_mean (rms's does not): its mean F0 in Hz is drawn
 # from this range, so awb speaks at other pitches with its own vocal tract (formants), which
 # asr.augment's pitch shift, that moves both, cannot make.
@@ -188,65 +195,6 @@ def draw_mini(rng, counts, seed):
     return drawn
 
 
-# ---------------------------------------------------------------- free text
-
-SILENT_PUNCTUATION = re.compile(r"[.,;:!?\"()\[\]{}\-\u2010-\u2015/\u2026\u00ab\u00bb\u201c\u201d]")
-
-
-def normalise(line):
-    """(text, None) or (None, reason): lowercase a-z, apostrophe, single spaces."""
-    s = unicodedata.normalize("NFKD", line)
-    s = "".join(c for c in s if not unicodedata.combining(c)).lower()
-    s = s.replace("\u2019", "'").replace("\u2018", "'")
-    if re.search(r"\d", s):
-        return None, "digits"   # their spoken form is ambiguous ("1984", "1st", "2.5")
-    s = SILENT_PUNCTUATION.sub(" ", s)
-    bad = re.search(r"[^a-z' \t\r\n]", s)
-    if bad:
-        return None, f"unsupported characters:{bad.group()}"
-    words = [w.strip("'") for w in s.split()]
-    text = " ".join(w for w in words if w)
-    return (text, None) if text else (None, "empty")
-
-
-def read_sentences(path):
-    """Distinct normalised sentences of a file, reporting the unusable lines."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        die(f"--sentences {path}: cannot read it ({err}).")
-    kept, dropped, chars = {}, {}, set()
-    for number, line in enumerate(lines, 1):
-        text, reason = normalise(line)
-        if text is None:
-            reason, _, char = reason.partition(":")
-            dropped.setdefault(reason, []).append(number)
-            chars.update(char)
-        else:
-            kept.setdefault(text, number)
-    total = sum(len(v) for v in dropped.values())
-    print(f"{path}: {len(lines)} lines; dropped {total} as unusable; "
-          f"{len(lines) - total - len(kept)} duplicates merged; "
-          f"{len(kept)} distinct sentences kept", file=sys.stderr)
-    for reason, numbers in sorted(dropped.items()):
-        shown = ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
-        detail = f" ({' '.join(sorted(chars))})" if reason.startswith("unsupported") else ""
-        print(f"  {reason}{detail}: {len(numbers)} lines: {shown}", file=sys.stderr)
-    return list(kept)
-
-
-def draw_text(rng, sentences, count, dev_fraction, test_fraction):
-    """count distinct sentences, cut into test / dev / train (hence disjoint)."""
-    if count > len(sentences):
-        die(f"--count {count} exceeds the {len(sentences)} distinct usable sentences "
-            f"in --sentences.")
-    chosen = rng.sample(sentences, count)
-    n_test, n_dev = round(count * test_fraction), round(count * dev_fraction)
-    parts = {"test": chosen[:n_test], "dev": chosen[n_test:n_test + n_dev],
-             "train": chosen[n_test + n_dev:]}
-    return parts
-
-
 # ---------------------------------------------------------------- synthesis
 
 def espeak_voice(rng, variants):
@@ -255,10 +203,13 @@ def espeak_voice(rng, variants):
     return accent + (f"+{variant}" if variant else "")
 
 
-def pick_voice(rng, split):
+def pick_voice(rng, split, festival_share):
     """(synth, speaker) of one utterance of ``split``: dev and test also use their own variants."""
-    if rng.random() < FLITE_SHARE:
+    u = rng.random()
+    if u < FLITE_SHARE:
         return "flite", rng.choice(FLITE_VOICES)
+    if u < FLITE_SHARE + festival_share:
+        return "festival", rng.choice(FESTIVAL_VOICES)
     own = {"dev": DEV_VARIANTS, "test": TEST_VARIANTS}.get(split)
     return "espeak-ng", espeak_voice(rng, own if own and rng.random() < UNSEEN_SHARE else SEEN_VARIANTS)
 
@@ -276,9 +227,9 @@ def utterance(rng, split, index, text, synth, speaker, sample_rate):
                      sample_rate)
 
 
-def plan(rng, drawn, sample_rate):
+def plan(rng, drawn, sample_rate, festival_share):
     """Fix every utterance's voice and parameters before any audio is made."""
-    return [utterance(rng, split, index, text, *pick_voice(rng, split), sample_rate)
+    return [utterance(rng, split, index, text, *pick_voice(rng, split, festival_share), sample_rate)
             for split in SPLITS for index, text in enumerate(drawn[split])]
 
 
@@ -372,28 +323,31 @@ def variant_list(variants):
 
 
 def write_readme(out, command, records, sample_rate, description):
+    festival = sorted({r["speaker"] for rows in records.values() for r in rows if r["synth"] == "festival"})
+    festival = (f", and festival's voices of other languages {', '.join(festival)} ({FESTIVAL_SHARE:.0%}), "
+                f"which read the English words in their own spelling (scripts/accents.py)" if festival else "")
     text = f"""# Synthetic speech corpus
 
 {description}
 
-Made by `scripts/make_corpus.py` (espeak-ng {espeak_version()}, flite, sox); regenerate it
+Made by `scripts/make_corpus.py` (espeak-ng {espeak_version()}, flite, festival, sox); regenerate it
 byte for byte with `{command}`
 
 {split_table(records)}
 
 Manifests `<split>.jsonl` (paths relative to this folder) also record each utterance's
-`synth` (espeak-ng or flite), `speaker` (espeak-ng accent+variant, or the flite voice),
+`synth` (espeak-ng, flite or festival), `speaker` (espeak-ng accent+variant, or the voice),
 `rate` (wpm), `pitch` (espeak-ng's 0-99; flite {", ".join(FLITE_F0_VOICES)}'s mean F0 in Hz,
-{FLITE_F0[0]}-{FLITE_F0[1]}; else null) and `amplitude` (espeak-ng's -a; flite
+{FLITE_F0[0]}-{FLITE_F0[1]}; else null) and `amplitude` (espeak-ng's -a; flite and festival
 audio is levelled to the same peak). Audio: mono 16-bit FLAC at {sample_rate} Hz in
 `audio/<split>/`.
 
 Voices: espeak-ng accents {", ".join(ACCENTS)}, each with a voice variant, and
-flite's voices {", ".join(FLITE_VOICES)} ({FLITE_SHARE:.0%} of every split). Train hears the
+flite's voices {", ".join(FLITE_VOICES)} ({FLITE_SHARE:.0%} of every split){festival}. Train hears the
 variants {variant_list(SEEN_VARIANTS)}. Dev and test also use variants of their own (about
 {UNSEEN_SHARE:.0%} of their espeak-ng utterances), which no other split hears: dev
 {variant_list(DEV_VARIANTS)}; test {variant_list(TEST_VARIANTS)}. The variants
-{variant_list(HELDOUT_VARIANTS)} and flite's kal, kal16 and slt are kept for the held-out set
+{variant_list(HELDOUT_VARIANTS)}, flite's kal, kal16 and slt and festival's English voices are kept for the held-out set
 (scripts/make_heldout.py) and occur in no split here. No transcript occurs in two splits.
 """
     (out / "README.md").write_text(text, encoding="utf-8")
@@ -449,21 +403,27 @@ def regenerate_command(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    check_tools()
     rng = random.Random(args.seed)
     if args.mode == "mini":
         counts = {s: getattr(args, s) for s in SPLITS}
         drawn, sample_rate = draw_mini(rng, counts, args.seed), 16000
         commands = len(set(SINGLE + DIRECTIONS + ("go",)))
         description = MINI_DESCRIPTION.format(n=commands, v=commands + len(DIGITS))
+        check_tools(("espeak-ng", "flite", "festival"), FESTIVAL_VOICES)
+        festival_share = FESTIVAL_SHARE
     else:
-        sentences = read_sentences(args.sentences)
-        drawn = draw_text(rng, sentences, args.count, args.dev_fraction, args.test_fraction)
+        try:
+            lines = free_text.read_sentences(args.sentences)
+            drawn = free_text.draw_text(rng, lines, args.count, args.dev_fraction, args.test_fraction)
+        except ValueError as err:
+            die(str(err))
         sample_rate = args.sample_rate
         description = f"{args.count} sentences drawn from `{args.sentences}`, spoken by espeak-ng and flite."
+        check_tools()
+        festival_share = 0.0  # festival's voices of other languages know the mini domain's words only
     prepare_out(args.out, args.overwrite)
     try:
-        records = write_corpus(plan(rng, drawn, sample_rate), args.out, args.workers)
+        records = write_corpus(plan(rng, drawn, sample_rate, festival_share), args.out, args.workers)
     except tts.SynthError as err:
         die(str(err))
     write_readme(args.out, regenerate_command(args), records, sample_rate, description)

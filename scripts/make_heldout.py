@@ -9,8 +9,8 @@ Usage:
     python -m asr.transcribe --checkpoint CKPT data/heldout/16k.jsonl
     python -m asr.transcribe --checkpoint CKPT data/heldout/8k.jsonl
 
-Voices: a whole synthesiser that scripts/make_corpus.py never uses (festival: kal_diphone,
-ked_diphone, cmu_us_slt_arctic_hts), flite's kal16 and slt (flite speakers the corpus leaves
+Voices: festival's English voices (kal_diphone, ked_diphone, cmu_us_slt_arctic_hts; data/mini hears
+only festival's voices of other languages), flite's kal16 and slt (flite speakers the corpus leaves
 out), and the espeak-ng variants make_corpus.HELDOUT_VARIANTS. Transcripts come from the
 templates of make_corpus.py, drawn only from the test share of its sentence partition, so no
 training sentence is among them.
@@ -81,8 +81,8 @@ regenerate it byte for byte with `{command}`
 
 {mc.split_table(records)}
 
-Voices: festival {", ".join(FESTIVAL_VOICES)} (a synthesiser data/mini never uses; spoken
-at its own rate); flite {", ".join(FLITE_VOICES)} (speakers data/mini never uses); espeak-ng
+Voices: festival {", ".join(FESTIVAL_VOICES)} (its English voices: data/mini hears only
+its voices of other languages; spoken at its own rate); flite {", ".join(FLITE_VOICES)} (speakers data/mini never uses); espeak-ng
 variants {mc.variant_list(mc.HELDOUT_VARIANTS)} over its accents. Transcripts are drawn from
 the test share of make_corpus.py's sentence partition, so none is a training sentence.
 

@@ -5,8 +5,8 @@ A voice is (synth, name): ("espeak-ng", "en-gb+m4"), ("flite", "awb"), ("festiva
 ``telephone`` makes the 8 kHz telephone-band copy of such samples. No randomness here: the
 caller draws every parameter, so output depends on its arguments only.
 
-Needs the binaries: apt-get install espeak-ng sox flite festival festvox-kallpc16k
-festvox-kdlpc16k festvox-us-slt-hts
+Needs the binaries: apt-get install espeak-ng sox flite festival, and the festival voices of
+``PACKAGES`` (festvox-*).
 """
 import shutil
 import subprocess
@@ -15,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+import accents
+
 # The Debian package that brings each synthesiser (and festival voice) when it is missing.
 PACKAGES = {"espeak-ng": "espeak-ng", "flite": "flite", "festival": "festival", "sox": "sox",
             "kal_diphone": "festvox-kallpc16k", "ked_diphone": "festvox-kdlpc16k",
-            "cmu_us_slt_arctic_hts": "festvox-us-slt-hts"}
+            "cmu_us_slt_arctic_hts": "festvox-us-slt-hts", **accents.PACKAGES}
 ESPEAK_WPM = 175  # espeak-ng's default rate: other synthesisers stretch durations by ESPEAK_WPM / rate
 
 
@@ -50,7 +52,8 @@ def wav_bytes(synth, voice, text, rate, pitch, amplitude, what):
     """The synthesiser's own WAV (any rate) of ``text``.
 
     rate: words per minute (festival: ignored); pitch: espeak-ng's 0-99; flite's mean F0 in Hz, or
-    None for the voice's own; festival: ignored;
+    None for the voice's own; festival: ignored (its voices of other languages read ``text`` in
+    their own spelling: scripts/accents.py);
     amplitude: espeak-ng's -a (the others are levelled in ``speak``).
     """
     if synth == "espeak-ng":
@@ -61,7 +64,11 @@ def wav_bytes(synth, voice, text, rate, pitch, amplitude, what):
     with tempfile.TemporaryDirectory() as folder:  # both need a seekable file to write a valid WAV
         out = Path(folder) / "x.wav"
         if synth == "festival":  # at its own rate: its HTS voice ignores Duration_Stretch
-            run(["text2wave", "-eval", f"(voice_{voice})", "-o", str(out)], text.encode(), what, stdout=False)
+            try:
+                spoken = accents.spoken(voice, text)
+            except KeyError as err:
+                raise SynthError(f"{err.args[0]} ({what})") from None
+            run(["text2wave", "-eval", f"(voice_{voice})", "-o", str(out)], spoken, what, stdout=False)
         else:
             f0 = [] if pitch is None else ["--setf", f"int_f0_target_mean={pitch}"]
             run(["flite", "-voice", voice, "--setf", f"duration_stretch={ESPEAK_WPM / rate:.3f}", *f0,

@@ -1,6 +1,7 @@
 """scripts/make_corpus.py and make_heldout.py: deterministic from their seed, disjoint splits and voices,
 readable 16/8 kHz FLAC, and unusable sentence lines reported by number.
-Needs espeak-ng, flite and sox (apt-get install espeak-ng flite sox); the held-out set also festival."""
+Needs espeak-ng, flite and sox (apt-get install espeak-ng flite sox); the mini corpus and the held-out set
+also festival and its voices (.ci/run installs them)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,17 @@ import soundfile
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_corpus.py"
 sys.path.insert(0, str(SCRIPT.parent))  # the scripts import each other as siblings
+import accents  # noqa: E402
 import make_corpus as corpus  # noqa: E402
+import make_heldout  # noqa: E402
 import synthesizers as tts  # noqa: E402
 pytestmark = pytest.mark.skipif(
     not (shutil.which("espeak-ng") and shutil.which("flite") and shutil.which("sox")),
     reason="needs espeak-ng, flite and sox (apt-get install)"
 )
+MISSING_FESTIVAL = tts.missing_tools(("festival",), corpus.FESTIVAL_VOICES + make_heldout.FESTIVAL_VOICES)
+needs_festival = pytest.mark.skipif(bool(MISSING_FESTIVAL),
+                                    reason=f"needs apt-get install {' '.join(MISSING_FESTIVAL)}")
 
 
 def make(*args: str) -> subprocess.CompletedProcess:
@@ -40,6 +46,7 @@ def manifest(folder: Path, split: str) -> list[dict]:
     return [json.loads(line) for line in (folder / f"{split}.jsonl").read_text().splitlines()]
 
 
+@needs_festival
 def test_mini_corpus_is_byte_identical_for_a_seed_and_splits_are_disjoint(tmp_path):
     sizes = ["--train", "40", "--dev", "3", "--test", "3"]  # 40: enough for train to hold every dev/test word
     for name in ("a", "b"):
@@ -65,6 +72,7 @@ def test_text_mode_speaks_8khz_and_reports_unusable_lines(tmp_path):
     assert soundfile.info(str(tmp_path / "out" / rows[0]["audio_filepath"])).samplerate == 8000
 
 
+@needs_festival
 def test_refuses_to_mix_with_an_existing_corpus(tmp_path):
     sizes = ["--train", "40", "--dev", "3", "--test", "3"]
     assert make("mini", "--out", str(tmp_path), *sizes).returncode == 0
@@ -79,10 +87,6 @@ def test_a_draw_whose_train_split_misses_a_test_word_is_refused(tmp_path):
 
 REPO = SCRIPT.parents[1]
 HELDOUT = REPO / "scripts" / "make_heldout.py"
-needs_festival = pytest.mark.skipif(
-    not (shutil.which("flite") and shutil.which("text2wave")),
-    reason="needs flite and festival (apt-get install flite festival festvox-kallpc16k festvox-kdlpc16k "
-           "festvox-us-slt-hts)")
 
 
 def voices(rows: list[dict]) -> set[str]:
@@ -91,10 +95,13 @@ def voices(rows: list[dict]) -> set[str]:
             for r in rows}
 
 
-def test_mini_dev_and_test_hear_variants_train_never_hears_and_flite_speaks(tmp_path):
+@needs_festival
+def test_mini_dev_and_test_hear_variants_train_never_hears_and_flite_and_festival_speak(tmp_path):
     assert make("mini", "--out", str(tmp_path), "--train", "60", "--dev", "20", "--test", "20").returncode == 0
     heard = {split: voices(manifest(tmp_path, split)) for split in ("train", "dev", "test")}
-    seen = {f"espeak-ng/{v}" for v in corpus.SEEN_VARIANTS} | {f"flite/{v}" for v in corpus.FLITE_VOICES}
+    seen = ({f"espeak-ng/{v}" for v in corpus.SEEN_VARIANTS} | {f"flite/{v}" for v in corpus.FLITE_VOICES}
+            | {f"festival/{v}" for v in corpus.FESTIVAL_VOICES})
+    assert any(v.startswith("festival/") for v in heard["train"])
     own = {split: {f"espeak-ng/{v}" for v in variants}
            for split, variants in (("dev", corpus.DEV_VARIANTS), ("test", corpus.TEST_VARIANTS))}
     assert heard["train"] <= seen and any(v.startswith("flite/") for v in heard["train"])
@@ -156,3 +163,24 @@ def test_flite_awb_speaks_at_the_drawn_mean_f0_and_rms_is_given_none():
     awb = {corpus.utterance(rng, "train", 0, "go", "flite", "awb", 16000).pitch for _ in range(20)}
     assert len(awb) > 5 and all(corpus.FLITE_F0[0] <= f0 <= corpus.FLITE_F0[1] for f0 in awb)
     assert corpus.utterance(rng, "train", 0, "go", "flite", "rms", 16000).pitch is None
+
+
+def test_festivals_voices_of_other_languages_spell_every_word_of_the_mini_domain():
+    domain = set(corpus.DIGITS + corpus.COMMANDS)
+    assert set(accents.WORDS) == domain
+    assert not set(corpus.FESTIVAL_VOICES) & set(make_heldout.FESTIVAL_VOICES)  # the held-out voices stay unheard
+    assert accents.spoken("czech_dita", "call five oh") == "kól fajv ou".encode("iso-8859-2")
+    assert accents.spoken("msu_ru_nsh_clunits", "go left") == "гоу лефт".encode()
+    assert accents.spoken("kal_diphone", "call five oh") == b"call five oh"  # English voices read English
+    with pytest.raises(KeyError, match="hello"):
+        accents.spoken("lp_diphone", "call hello")
+
+
+@needs_festival
+@pytest.mark.parametrize("voice", corpus.FESTIVAL_VOICES)
+def test_each_festival_voice_of_another_language_speaks_the_words(voice):
+    samples = tts.speak("festival", voice, "call five two nine", None, None, 20, 16000, voice)
+    seconds = len(samples) / 16000
+    assert 0.8 < seconds < 4.0
+    peak = np.abs(samples.astype(np.int32)).max() / 32768  # levelled like flite: -30 + 10 * 0.9 dBFS
+    assert abs(20 * np.log10(peak) + 21.0) < 0.5

@@ -1,0 +1,56 @@
+"""English spoken by festival's voices of other languages: accented speakers for scripts/make_corpus.py.
+
+Debian's festival has three English voices (the held-out set's) but voices of other languages built
+from real speakers: Czech diphones of four people (one a child), Italian and Finnish diphones, a
+Russian unit-selection voice and a Catalan HTS voice. Each reads the bundled domain's English words
+from a spelling in its own language's orthography, as a speaker of that language would say them
+("five" -> Czech "fajv"): ten accents and vocal tracts that espeak-ng and flite do not have.
+
+``spoken(voice, text)`` is what the voice is given; the manifest keeps the English transcript.
+"""
+
+# festival voice -> (language, the encoding its text front end reads)
+VOICES = {
+    "czech_dita": ("cs", "iso-8859-2"), "czech_krb": ("cs", "iso-8859-2"),
+    "czech_machac": ("cs", "iso-8859-2"), "czech_ph": ("cs", "iso-8859-2"),
+    "lp_diphone": ("it", "iso-8859-1"), "pc_diphone": ("it", "iso-8859-1"),
+    "suo_fi_lj_diphone": ("fi", "iso-8859-1"), "hy_fi_mv_diphone": ("fi", "iso-8859-1"),
+    "msu_ru_nsh_clunits": ("ru", "utf-8"), "upc_ca_ona_hts": ("ca", "iso-8859-1"),
+}
+# The Debian package of each voice (scripts/synthesizers.py names them in its install hint).
+PACKAGES = {
+    "czech_dita": "festvox-czech-dita", "czech_krb": "festvox-czech-krb",
+    "czech_machac": "festvox-czech-machac", "czech_ph": "festvox-czech-ph",
+    "lp_diphone": "festvox-italp16k", "pc_diphone": "festvox-itapc16k",
+    "suo_fi_lj_diphone": "festvox-suopuhe-lj", "hy_fi_mv_diphone": "festvox-suopuhe-mv",
+    "msu_ru_nsh_clunits": "festvox-ru", "upc_ca_ona_hts": "festvox-ca-ona-hts",
+}
+WORDS = ("zero one two three four five six seven eight nine oh erase repeat stop start yes no help "
+         "rubout cancel enter back number call dial left right up down go").split()
+# Each language's spelling of WORDS, in WORDS' order.
+SPELLINGS = {
+    "cs": "zírou van tú trí fór fajv siks sevn ejt najn ou irejs ripít stop stárt jes nou help "
+          "rabaut kensl entr bek namber kól dajl left rajt ap daun gou",
+    "it": "ziro uan tu tri for faiv sics seven eit nain ou ireis ripit stop start ies nou elp "
+          "rabaut chensel enter bec namber col daial left rait ap daun gou",
+    "fi": "siirou van tuu trii foor faiv siks seven eit nain ou ireis ripiit stop staart jes nou help "
+          "rapaut kensel enter bäk namber kool daial left rait ap daun gou",
+    "ru": "зироу уан ту сри фор файв сикс севен эйт найн оу ирэйс рипит стоп старт йес ноу хэлп "
+          "рабаут кэнсел энтер бэк намбер кол дайл лефт райт ап даун гоу",
+    "ca": "ziro uan tu tri for faiv sics seven eit nain ou ireis ripit stop start ies nou help "
+          "rabaut quensel enter bec namber col daial left rait ap daun gou",
+}
+LEXICONS = {language: dict(zip(WORDS, spelling.split(), strict=True)) for language, spelling in SPELLINGS.items()}
+
+
+def spoken(voice, text):
+    """The bytes to give festival's ``voice`` for the English ``text``: the text itself for an
+    English voice, else each word in the voice's spelling (KeyError names a word it lacks)."""
+    if voice not in VOICES:
+        return text.encode()
+    language, encoding = VOICES[voice]
+    lexicon = LEXICONS[language]
+    missing = [w for w in text.split() if w not in lexicon]
+    if missing:
+        raise KeyError(f"no {language} spelling of {', '.join(missing)} for festival voice {voice}")
+    return " ".join(lexicon[w] for w in text.split()).encode(encoding)

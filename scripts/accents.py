@@ -27,18 +27,19 @@ PACKAGES = {
 }
 WORDS = ("zero one two three four five six seven eight nine oh erase repeat stop start yes no help "
          "rubout cancel enter back number call dial left right up down go").split()
-# Each language's spelling of WORDS, in WORDS' order.
+# Each language's spelling of WORDS, in WORDS' order; an accent mark puts the English stress where the
+# language's own rule would not (Italian stresses the last but one syllable, Catalan a final consonant's).
 SPELLINGS = {
     "cs": "zírou van tú trí fór fajv siks sevn ejt najn ou irejs ripít stop stárt jes nou help "
           "rabaut kensl entr bek namber kól dajl left rajt ap daun gou",
-    "it": "ziro uan tu tri for faiv sics seven eit nain ou ireis ripit stop start ies nou elp "
+    "it": "ziro uan tu tri for faiv sics seven eit nain ou irèis ripìt stop start ies nou elp "
           "rabaut chensel enter bec namber col daial left rait ap daun gou",
     "fi": "siirou van tuu trii foor faiv siks seven eit nain ou ireis ripiit stop staart jes nou help "
           "rapaut kensel enter bäk namber kool daial left rait ap daun gou",
-    "ru": "зироу уан ту сри фор файв сикс севен эйт найн оу ирэйс рипит стоп старт йес ноу хэлп "
+    "ru": "зироу уан ту три фор файв сикс севен эйт найн оу ирэйс рипит стоп старт йес ноу хэлп "
           "рабаут кэнсел энтер бэк намбер кол дайл лефт райт ап даун гоу",
     "ca": "ziro uan tu tri for faiv sics seven eit nain ou ireis ripit stop start ies nou help "
-          "rabaut quensel enter bec namber col daial left rait ap daun gou",
+          "ràbaut quènsel ènter bec nàmber col dàial left rait ap daun gou",
 }
 LEXICONS = {language: dict(zip(WORDS, spelling.split(), strict=True)) for language, spelling in SPELLINGS.items()}
 

@@ -323,6 +323,9 @@ def variant_list(variants):
 
 
 def write_readme(out, command, records, sample_rate, description):
+    heard = {r["synth"] for rows in records.values() for r in rows}
+    synths = [s for s in ("espeak-ng", "flite", "festival") if s in heard]
+    tools = [f"espeak-ng {espeak_version()}" if s == "espeak-ng" else s for s in synths] + ["sox"]
     festival = sorted({r["speaker"] for rows in records.values() for r in rows if r["synth"] == "festival"})
     festival = (f", and festival's voices of other languages {', '.join(festival)} ({FESTIVAL_SHARE:.0%}), "
                 f"which read the English words in their own spelling (scripts/accents.py)" if festival else "")
@@ -330,14 +333,14 @@ def write_readme(out, command, records, sample_rate, description):
 
 {description}
 
-Made by `scripts/make_corpus.py` (espeak-ng {espeak_version()}, flite, festival, sox); regenerate it
+Made by `scripts/make_corpus.py` ({", ".join(tools)}); regenerate it
 byte for byte with `{command}`
 
 {split_table(records)}
 
 Manifests `<split>.jsonl` (paths relative to this folder) also record each utterance's
-`synth` (espeak-ng, flite or festival), `speaker` (espeak-ng accent+variant, or the voice),
-`rate` (wpm), `pitch` (espeak-ng's 0-99; flite {", ".join(FLITE_F0_VOICES)}'s mean F0 in Hz,
+`synth` ({" or ".join(synths)}), `speaker` (espeak-ng accent+variant, or the voice),
+`rate` (wpm; null for festival, which speaks at each voice's own rate), `pitch` (espeak-ng's 0-99; flite {", ".join(FLITE_F0_VOICES)}'s mean F0 in Hz,
 {FLITE_F0[0]}-{FLITE_F0[1]}; else null) and `amplitude` (espeak-ng's -a; flite and festival
 audio is levelled to the same peak). Audio: mono 16-bit FLAC at {sample_rate} Hz in
 `audio/<split>/`.

@@ -44,7 +44,8 @@ def missing_tools(synths, festival_voices=()):
     if "festival" in synths and "festival" not in missing:
         listing = subprocess.run(["festival", "--pipe"], input="(print (voice.list))",
                                  capture_output=True, text=True).stdout
-        missing += [PACKAGES[v] for v in festival_voices if v not in listing]
+        names = listing.strip().strip("()").split()
+        missing += [PACKAGES[v] for v in festival_voices if v not in names]
     return missing
 
 
@@ -63,7 +64,7 @@ def wav_bytes(synth, voice, text, rate, pitch, amplitude, what):
         raise SynthError(f"unknown synthesiser {synth!r} for {what}")
     with tempfile.TemporaryDirectory() as folder:  # both need a seekable file to write a valid WAV
         out = Path(folder) / "x.wav"
-        if synth == "festival":  # at its own rate: its HTS voice ignores Duration_Stretch
+        if synth == "festival":  # at each voice's own rate (HTS voices ignore Duration_Stretch)
             try:
                 spoken = accents.spoken(voice, text)
             except KeyError as err:

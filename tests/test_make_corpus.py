@@ -19,7 +19,6 @@ import soundfile
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_corpus.py"
 sys.path.insert(0, str(SCRIPT.parent))  # the scripts import each other as siblings
-import accents  # noqa: E402
 import make_corpus as corpus  # noqa: E402
 import make_heldout  # noqa: E402
 import synthesizers as tts  # noqa: E402
@@ -163,17 +162,6 @@ def test_flite_awb_speaks_at_the_drawn_mean_f0_and_rms_is_given_none():
     awb = {corpus.utterance(rng, "train", 0, "go", "flite", "awb", 16000).pitch for _ in range(20)}
     assert len(awb) > 5 and all(corpus.FLITE_F0[0] <= f0 <= corpus.FLITE_F0[1] for f0 in awb)
     assert corpus.utterance(rng, "train", 0, "go", "flite", "rms", 16000).pitch is None
-
-
-def test_festivals_voices_of_other_languages_spell_every_word_of_the_mini_domain():
-    domain = set(corpus.DIGITS + corpus.COMMANDS)
-    assert set(accents.WORDS) == domain
-    assert not set(corpus.FESTIVAL_VOICES) & set(make_heldout.FESTIVAL_VOICES)  # the held-out voices stay unheard
-    assert accents.spoken("czech_dita", "call five oh") == "kól fajv ou".encode("iso-8859-2")
-    assert accents.spoken("msu_ru_nsh_clunits", "go left") == "гоу лефт".encode()
-    assert accents.spoken("kal_diphone", "call five oh") == b"call five oh"  # English voices read English
-    with pytest.raises(KeyError, match="hello"):
-        accents.spoken("lp_diphone", "call hello")
 
 
 @needs_festival

@@ -253,7 +253,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search (asr.decoding.make_decoder)")
     add("--lm", help="KenLM model (.arpa or .bin) for beam search")
     add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.decoding's)")
-    add("--word_score", type=float, default=None, help="score added per word (default: asr.decoding's)")
+    add("--word_score", type=float, default=None, help="score added per word, or per character with a character LM (default: asr.decoding's)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar on stderr (default: when stderr is a terminal)")
     args = parser.parse_args(argv)

@@ -1,13 +1,20 @@
-"""Build a small word n-gram language model (ARPA) from manifest text, for beam search with --lm.
+"""Build a small word or character n-gram language model (ARPA) from manifest text, for beam search with --lm.
 
 Usage:
 
     python scripts/build_lm.py data/mini/train.jsonl lm/mini.3gram.arpa --order 3
-    python scripts/build_lm.py train.jsonl more_text.txt lm/big.4gram.arpa --order 4   # .txt: one sentence a line
+    python scripts/build_lm.py train.jsonl more.txt lm/big.4gram.arpa --order 4   # .txt: one sentence a line
+    python scripts/build_lm.py train.jsonl lm/chars.6gram.arpa --unit char --order 6
+
+``--unit char`` models characters instead of words, with '▁' (``asr.tokenizer.WORD_START``) between
+words: asr.decoding then scores each character as the beam search reads it (its ``CharLM``). It
+suits little text in a language of many word forms, where most words of new speech were never in
+the text; a word model suits a closed vocabulary.
 
 Inputs are JSON-lines manifests (their ``text`` field) or plain text files (``.txt``, one
-sentence per line). Words are split on whitespace and kept exactly as written: use the same
-text normalisation as the tokenizer was trained with. Do not build it from dev or test text.
+sentence per line). Words are split on whitespace and kept as written, after the NFKC
+normalisation sentencepiece applies too: use the same text normalisation (case, punctuation) as
+the tokenizer was trained with. Do not build it from dev or test text.
 
 Smoothing is interpolated Kneser-Ney (one absolute discount per order, D = n1 / (n1 + 2 n2)
 from that order's count-of-counts), the recipe of Chen & Goodman (1998); lower orders use
@@ -19,8 +26,9 @@ each listed probability is the interpolated one, and the backoff weight of a con
 interpolation weight, so a KenLM lookup that backs off reproduces the interpolated model.
 
 Pure Python (no lmplz needed); meant for the small corpora of this project (a few million
-words at most). KenLM (inside flashlight-text, ``pip install -e ".[lm]"``) reads the ARPA
-file as it is; its ``build_binary`` tool, where installed, makes a faster-loading binary.
+words at most; for a character model, a few million characters). KenLM (inside flashlight-text,
+``pip install -e ".[lm]"``) reads the ARPA file as it is; its ``build_binary`` tool, where
+installed, makes a faster-loading binary.
 """
 
 from __future__ import annotations
@@ -30,10 +38,15 @@ import json
 import math
 import os
 import tempfile
+import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from asr.tokenizer import WORD_START
+
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+UNITS = ("word", "char")
+KENLM_MAX_ORDER = 6  # flashlight-text's KenLM (the beam search's) refuses longer n-grams
 NEVER = -99.0  # log10 probability ARPA files give <s>, which is a context but never predicted
 
 
@@ -54,9 +67,10 @@ def read_sentences(paths: list[Path]) -> list[list[str]]:
                         raise ValueError(f"{path}:{number}: not a manifest line with a 'text' field ({e})") from e
                 else:
                     continue
-                words = text.split()
-                if any(w in (BOS, EOS, UNK) for w in words):
-                    raise ValueError(f"{path}:{number}: the text contains {BOS}, {EOS} or {UNK}, which the LM reserves")
+                words = unicodedata.normalize("NFKC", text).split()  # as the tokenizer (sentencepiece) reads it
+                if any(w in (BOS, EOS, UNK) or WORD_START in w for w in words):
+                    raise ValueError(f"{path}:{number}: the text contains {BOS}, {EOS}, {UNK} or {WORD_START}, which "
+                                     f"the LM reserves ({WORD_START} marks the word boundaries of a character LM)")
                 if words:
                     sentences.append(words)
     if not sentences:
@@ -87,9 +101,10 @@ def discount(counts: Counter) -> float:
     return n1 / (n1 + 2 * n2) if n1 and n2 else 0.5
 
 
-def kneser_ney(counts: list[Counter]) -> tuple[list[dict], list[dict]]:
-    """(probs[n-1][ngram], backoffs[n-1][context]): interpolated probabilities and interpolation weights."""
-    vocab = {ngram[0] for ngram in counts[0]} | {EOS, UNK}
+def kneser_ney(counts: list[Counter], reserved: tuple[str, ...] = (UNK,)) -> tuple[list[dict], list[dict]]:
+    """(probs[n-1][ngram], backoffs[n-1][context]): interpolated probabilities and interpolation weights.
+    Every unit of ``reserved`` is in the vocabulary even if the text never had it."""
+    vocab = {ngram[0] for ngram in counts[0]} | {EOS, *reserved}
     probs: list[dict] = []
     backoffs: list[dict] = [dict() for _ in counts]
     for n, level in enumerate(counts, 1):
@@ -101,7 +116,7 @@ def kneser_ney(counts: list[Counter]) -> tuple[list[dict], list[dict]]:
         gamma = {h: d * followers[h] / totals[h] for h in totals}  # the mass the discount frees, per context
         if n == 1:  # below unigrams: uniform over the vocabulary; <unk>, never seen, gets only that share
             lower = {(w,): 1 / len(vocab) for w in vocab}
-            level = {(UNK,): 0, **level}
+            level = {**{(w,): 0 for w in reserved}, **level}
         else:
             lower = probs[-1]
             backoffs[n - 2].update(gamma)
@@ -135,11 +150,21 @@ def write_arpa(probs: list[dict], backoffs: list[dict], path: Path) -> None:
         raise
 
 
-def build(inputs: list[Path], output: Path, order: int) -> list[int]:
-    """Read ``inputs``, write the ``order``-gram ARPA model to ``output``; returns the n-gram counts per order."""
-    if order < 2:
-        raise ValueError(f"--order must be at least 2 (KenLM cannot load a unigram model), got {order}")
-    probs, backoffs = kneser_ney(adjusted_counts(read_sentences(inputs), order))
+def build(inputs: list[Path], output: Path, order: int, unit: str = UNITS[0]) -> list[int]:
+    """Read ``inputs``, write the ``order``-gram ARPA model of ``unit``s (word or char) to ``output``; returns the
+    n-gram counts per order."""
+    if not 2 <= order <= KENLM_MAX_ORDER:
+        raise ValueError(f"--order must be 2 to {KENLM_MAX_ORDER} (KenLM cannot load a unigram model, and the KenLM "
+                         f"of flashlight-text, which --lm loads, was built for at most {KENLM_MAX_ORDER}-grams), "
+                         f"got {order}")
+    if unit not in UNITS:
+        raise ValueError(f"--unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    sentences = read_sentences(inputs)
+    reserved = (UNK,)
+    if unit == "char":  # '▁' in the vocabulary marks the LM as one of characters, even if no text had two words
+        sentences = [list(WORD_START.join(words)) for words in sentences]
+        reserved = (UNK, WORD_START)
+    probs, backoffs = kneser_ney(adjusted_counts(sentences, order), reserved)
     write_arpa(probs, backoffs, output)
     return [len(level) + (n == 0) for n, level in enumerate(probs)]
 
@@ -149,8 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("inputs", nargs="+", type=Path, help="manifests (.jsonl) and/or text files (.txt)")
     parser.add_argument("output", type=Path, help="the ARPA file to write, e.g. lm/mini.3gram.arpa")
     parser.add_argument("--order", type=int, default=3, help="n-gram order (3 = trigram)")
+    parser.add_argument("--unit", choices=UNITS, default=UNITS[0],
+                        help="what the n-grams count: words, or characters with '▁' between words")
     args = parser.parse_args(argv)
-    sizes = build(args.inputs, args.output, args.order)
+    sizes = build(args.inputs, args.output, args.order, args.unit)
     print(f"wrote {args.output}: " + ", ".join(f"{size} {n}-grams" for n, size in enumerate(sizes, 1)))
 
 

@@ -1,4 +1,5 @@
-"""asr.decoding (greedy, beam search, the word-LM connection) and scripts/build_lm.py (a valid, normalised ARPA)."""
+"""asr.decoding (greedy, beam search, the word- and character-LM connections) and scripts/build_lm.py (a valid,
+normalised ARPA)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.decoding import BeamSearch, greedy, make_decoder
+from asr.decoding import BeamSearch, CharLM, WordLM, greedy, load_lm, make_decoder
 from asr.module import error_counts
 from asr.tokenizer import BLANK_ID
 
@@ -110,9 +111,10 @@ def word(tokenizer, text: str, ambiguous: dict[str, dict[str, float]] | None = N
     return frames
 
 
-def test_the_lm_picks_the_word_it_favours_where_the_acoustics_are_ambiguous(char_tokenizer, tmp_path):
+@pytest.mark.parametrize("unit, order", [("word", 3), ("char", 6)])
+def test_the_lm_picks_the_word_it_favours_where_the_acoustics_are_ambiguous(char_tokenizer, tmp_path, unit, order):
     """'five' vs 'nine' differ in two letters, each heard 55:45 the wrong way; the LM knows which follows what."""
-    lm = write_lm(tmp_path, ["call nine"] * 5 + ["two five"] * 5 + ["nine four", "five two one"])
+    lm = write_lm(tmp_path, ["call nine"] * 5 + ["two five"] * 5 + ["nine four", "five two one"], order, unit)
     five_as_nine = {"five0": {"n": 0.55, "f": 0.45}, "five2": {"n": 0.55, "v": 0.45}}
     nine_as_five = {"nine0": {"f": 0.55, "n": 0.45}, "nine2": {"v": 0.55, "n": 0.45}}
     references = ["call nine", "two five"]
@@ -130,6 +132,47 @@ def test_the_lm_picks_the_word_it_favours_where_the_acoustics_are_ambiguous(char
     assert wer(BeamSearch(char_tokenizer, beam_size=8)) == 0.5
     assert wer(BeamSearch(char_tokenizer, beam_size=8, lm=lm, lm_weight=0.5)) == 0.0
     assert wer(BeamSearch(char_tokenizer, beam_size=8, lm=lm, lm_weight=0.0)) == 0.5  # it was the LM
+
+
+PIECES = ["<blank>", "<unk>", "▁", "▁call", "▁ca", "ll", "▁cat", "ni", "ne", "c", "a", "l", "t", "n", "i", "e"]
+
+
+def char_lm_total(lm, pieces: list[str]) -> float:
+    """What ``lm`` adds up for one hypothesis made of ``pieces`` (PIECES' texts), its end included."""
+    state, total = lm.start(False), 0.0
+    for piece in pieces:
+        state, score = lm.score(state, PIECES.index(piece))
+        total += score
+    return total + lm.finish(state)[1]
+
+
+SEGMENTATIONS = [["▁", *"call", "▁", *"cat"], ["▁call", "▁cat"], ["▁ca", "ll", "▁", "c", "a", "t"]]
+
+
+@pytest.mark.parametrize("segmentation", SEGMENTATIONS)
+def test_a_character_lm_scores_every_character_and_the_boundaries_between_words(tmp_path, segmentation):
+    """Whatever the pieces, CharLM adds KenLM's c, a, l, l, ▁, c, a, t, </s> (a leading ▁ is not scored), each
+    weighted, plus the word score per character; an ARPA of words loads as a WordLM."""
+    path = write_lm(tmp_path, TEXTS, 4, "char")
+    _, entries = read_arpa(path)
+    lm = load_lm(path, PIECES, lm_weight=0.5, word_score=0.25)
+    assert isinstance(lm, CharLM)
+    assert isinstance(load_lm(write_lm(tmp_path, TEXTS), PIECES, 0.5, 0.0), WordLM)
+    expected, history = 0.0, ("<s>",)
+    for unit in [*"call▁cat", "</s>"]:
+        expected += 0.5 * log10_prob(entries, history[-3:], unit) + (0.25 if unit != "</s>" else 0.0)
+        history += (unit,)
+    assert char_lm_total(lm, segmentation) == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_character_lm_scores_the_unk_piece_as_unk_and_knows_the_boundary_without_two_word_text(tmp_path):
+    path = write_lm(tmp_path, ["call", "nine", "cat"], 4, "char")  # no line has two words: '▁' is still a unit
+    _, entries = read_arpa(path)
+    lm = load_lm(path, PIECES, lm_weight=1.0, word_score=0.0)
+    assert isinstance(lm, CharLM)
+    expected = sum(log10_prob(entries, history, unit) for history, unit in
+                   [(("<s>",), "c"), (("<s>", "c"), "a"), (("<s>", "c", "a"), "<unk>"), (("c", "a", "<unk>"), "</s>")])
+    assert char_lm_total(lm, ["▁ca", "<unk>"]) == pytest.approx(expected, abs=1e-4)
 
 
 def test_a_clearly_spoken_word_outside_the_lm_vocabulary_is_still_output(char_tokenizer, tmp_path):
@@ -169,12 +212,12 @@ def test_bad_settings_are_errors_naming_the_flag(char_tokenizer, tmp_path, monke
 # ---- scripts/build_lm.py --------------------------------------------------------------------------------------
 
 
-def write_lm(folder: Path, texts: list[str], order: int = 3) -> Path:
+def write_lm(folder: Path, texts: list[str], order: int = 3, unit: str = "word") -> Path:
     manifest = folder / "lm_train.jsonl"
     manifest.write_text("".join(json.dumps({"audio_filepath": "x.flac", "duration": 1.0, "text": t}) + "\n"
                                 for t in texts))
-    out = folder / f"lm.{order}gram.arpa"
-    build_lm.main([str(manifest), str(out), "--order", str(order)])
+    out = folder / f"lm.{unit}.{order}gram.arpa"
+    build_lm.main([str(manifest), str(out), "--order", str(order), "--unit", unit])
     return out
 
 
@@ -206,12 +249,14 @@ def log10_prob(entries: dict, context: tuple, w: str) -> float:
 TEXTS = ["call five two nine", "call nine", "two five", "nine four", "four two one", "call two two five"]
 
 
-@pytest.mark.parametrize("order", [2, 3, 4])
-def test_build_lm_writes_an_arpa_whose_counts_match_and_whose_distributions_sum_to_one(tmp_path, order):
-    declared, entries = read_arpa(write_lm(tmp_path, TEXTS, order))
+@pytest.mark.parametrize("order, unit", [(2, "word"), (3, "word"), (4, "word"), (6, "char")])
+def test_build_lm_writes_an_arpa_whose_counts_match_and_whose_distributions_sum_to_one(tmp_path, order, unit):
+    declared, entries = read_arpa(write_lm(tmp_path, TEXTS, order, unit))
     assert declared == {n: sum(len(g) == n for g in entries) for n in range(1, order + 1)}
     vocab = [g[0] for g in entries if len(g) == 1 and g[0] != "<s>"]
-    assert {"<unk>", "</s>", "call", "one"} <= set(vocab)
+    words = {w for text in TEXTS for w in text.split()}
+    units = words if unit == "word" else {c for w in words for c in w} | {"▁"}
+    assert set(vocab) == {"<unk>", "</s>"} | units
     assert sum(10 ** entries[(w,)][0] for w in vocab) == pytest.approx(1.0, abs=1e-4)
     for context in [g for g in entries if len(g) < order and g[-1] != "</s>"]:  # every history the model has
         total = sum(10 ** log10_prob(entries, context, w) for w in vocab)
@@ -237,9 +282,19 @@ def test_kenlm_loads_the_arpa_and_scores_as_it_says(tmp_path):
     assert kenlm.finish(state)[1] == pytest.approx(log10_prob(entries, history[-2:], "</s>"), abs=1e-4)
 
 
+@pytest.mark.parametrize("order", [1, 7])
+def test_build_lm_refuses_an_order_kenlm_cannot_load(tmp_path, order):
+    with pytest.raises(ValueError, match=f"--order must be 2 to 6 .*got {order}"):
+        write_lm(tmp_path, TEXTS, order, "char")
+    assert not list(tmp_path.glob("*.arpa"))
+
+
 def test_build_lm_reports_a_bad_manifest_line_by_number(tmp_path):
     manifest = tmp_path / "bad.jsonl"
     manifest.write_text('{"text": "call five"}\n{"audio_filepath": "a.flac"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         build_lm.main([str(manifest), str(tmp_path / "lm.arpa")])
+    manifest.write_text('{"text": "call five"}\n{"text": "call \u2581five"}\n')  # the char LM's word boundary
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: .*\u2581"):
+        build_lm.main([str(manifest), str(tmp_path / "lm.arpa"), "--unit", "char"])
     assert not (tmp_path / "lm.arpa").exists()

@@ -9,22 +9,16 @@ from a spelling in its own language's orthography, as a speaker of that language
 ``spoken(voice, text)`` is what the voice is given; the manifest keeps the English transcript.
 """
 
-# festival voice -> (language, the encoding its text front end reads)
+# festival voice -> (language, the encoding its text front end reads, its Debian package)
 VOICES = {
-    "czech_dita": ("cs", "iso-8859-2"), "czech_krb": ("cs", "iso-8859-2"),
-    "czech_machac": ("cs", "iso-8859-2"), "czech_ph": ("cs", "iso-8859-2"),
-    "lp_diphone": ("it", "iso-8859-1"), "pc_diphone": ("it", "iso-8859-1"),
-    "suo_fi_lj_diphone": ("fi", "iso-8859-1"), "hy_fi_mv_diphone": ("fi", "iso-8859-1"),
-    "msu_ru_nsh_clunits": ("ru", "utf-8"), "upc_ca_ona_hts": ("ca", "iso-8859-1"),
+    "czech_dita": ("cs", "iso-8859-2", "festvox-czech-dita"), "czech_krb": ("cs", "iso-8859-2", "festvox-czech-krb"),
+    "czech_machac": ("cs", "iso-8859-2", "festvox-czech-machac"), "czech_ph": ("cs", "iso-8859-2", "festvox-czech-ph"),
+    "lp_diphone": ("it", "iso-8859-1", "festvox-italp16k"), "pc_diphone": ("it", "iso-8859-1", "festvox-itapc16k"),
+    "suo_fi_lj_diphone": ("fi", "iso-8859-1", "festvox-suopuhe-lj"),
+    "hy_fi_mv_diphone": ("fi", "iso-8859-1", "festvox-suopuhe-mv"),
+    "msu_ru_nsh_clunits": ("ru", "utf-8", "festvox-ru"), "upc_ca_ona_hts": ("ca", "iso-8859-1", "festvox-ca-ona-hts"),
 }
-# The Debian package of each voice (scripts/synthesizers.py names them in its install hint).
-PACKAGES = {
-    "czech_dita": "festvox-czech-dita", "czech_krb": "festvox-czech-krb",
-    "czech_machac": "festvox-czech-machac", "czech_ph": "festvox-czech-ph",
-    "lp_diphone": "festvox-italp16k", "pc_diphone": "festvox-itapc16k",
-    "suo_fi_lj_diphone": "festvox-suopuhe-lj", "hy_fi_mv_diphone": "festvox-suopuhe-mv",
-    "msu_ru_nsh_clunits": "festvox-ru", "upc_ca_ona_hts": "festvox-ca-ona-hts",
-}
+PACKAGES = {voice: package for voice, (_, _, package) in VOICES.items()}  # scripts/synthesizers.py's install hint
 WORDS = ("zero one two three four five six seven eight nine oh erase repeat stop start yes no help "
          "rubout cancel enter back number call dial left right up down go").split()
 # Each language's spelling of WORDS, in WORDS' order; an accent mark puts the English stress where the
@@ -49,7 +43,7 @@ def spoken(voice, text):
     English voice, else each word in the voice's spelling (KeyError names a word it lacks)."""
     if voice not in VOICES:
         return text.encode()
-    language, encoding = VOICES[voice]
+    language, encoding, _ = VOICES[voice]
     lexicon = LEXICONS[language]
     missing = [w for w in text.split() if w not in lexicon]
     if missing:

@@ -282,6 +282,14 @@ def test_kenlm_loads_the_arpa_and_scores_as_it_says(tmp_path):
     assert kenlm.finish(state)[1] == pytest.approx(log10_prob(entries, history[-2:], "</s>"), abs=1e-4)
 
 
+def test_build_lm_reads_text_as_the_tokenizer_does_composed(tmp_path):
+    """'č' written as c + combining caron (NFD, as some tools save Czech) is the one character 'č' in the LM."""
+    _, entries = read_arpa(write_lm(tmp_path, ["ko\u0161ile \u010dern\u00e1", "c\u030cerna\u0301 ko\u0161ile"], 3, "char"))
+    units = {g[0] for g in entries if len(g) == 1}
+    assert {"\u010d", "\u00e1"} <= units and not units & {"\u030c", "\u0301"}
+    assert entries[("\u010d",)][0] > entries[("<unk>",)][0]
+
+
 @pytest.mark.parametrize("order", [1, 7])
 def test_build_lm_refuses_an_order_kenlm_cannot_load(tmp_path, order):
     with pytest.raises(ValueError, match=f"--order must be 2 to 6 .*got {order}"):

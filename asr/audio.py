@@ -16,6 +16,7 @@ hop gives 0 frames (and the model 0 output frames: an empty transcript), never a
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import numpy as np
 import soundfile
 import torch
 import torchaudio.functional as AF
+import torchaudio.transforms as AT
 from torch import nn
 
 SAMPLE_RATES = (8000, 16000)  # the rates the presets are made for; others work too
@@ -70,7 +72,27 @@ def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tenso
     """Resample (..., n) float audio from ``from_rate`` to ``to_rate`` Hz (torchaudio's sinc filter)."""
     if from_rate == to_rate:
         return samples
-    return AF.resample(samples, from_rate, to_rate)
+    return resampler(from_rate, to_rate, samples.dtype)(samples)
+
+
+@functools.lru_cache(maxsize=256)
+def resampler(from_rate: int, to_rate: int, dtype: torch.dtype) -> AT.Resample:
+    """torchaudio's Resample with its sinc kernel computed once per rate pair (speed and pitch
+    perturbation use a few dozen pairs; computing the kernel on every call took ~5% of a data worker)."""
+    return AT.Resample(from_rate, to_rate, dtype=dtype)
+
+
+def fast_fft_length(n: int) -> int:
+    """The smallest n' >= n whose only prime factors are 2, 3 and 5: an FFT of an utterance's own length
+    (often a large prime factor) took 3.4x as long here as one zero-padded to such a length."""
+    while True:
+        m = n
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        if m == 1:
+            return n
+        n += 1
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, get_args
 import torch
 import torchaudio.functional as AF
 
-from asr.audio import resample
+from asr.audio import fast_fft_length, resample
 
 if TYPE_CHECKING:
     from asr.data import ASRDataset
@@ -126,9 +126,10 @@ def white_noise(length: int, generator: torch.Generator) -> torch.Tensor:
 
 def pink_noise(length: int, generator: torch.Generator) -> torch.Tensor:
     """(length,) noise whose power falls as 1/f (equal energy per octave)."""
-    spectrum = torch.fft.rfft(torch.randn(length, generator=generator))
+    n = fast_fft_length(length)
+    spectrum = torch.fft.rfft(torch.randn(n, generator=generator))
     freqs = torch.arange(spectrum.shape[0], dtype=torch.float32).clamp(min=1.0)
-    return torch.fft.irfft(spectrum / freqs.sqrt(), n=length)
+    return torch.fft.irfft(spectrum / freqs.sqrt(), n=n)[:length]
 
 
 def babble(length: int, voices: list[torch.Tensor], generator: torch.Generator) -> torch.Tensor:
@@ -159,15 +160,17 @@ def room_impulse_response(sample_rate: int, rt60: float, generator: torch.Genera
 
 def reverberate(wave: torch.Tensor, rir: torch.Tensor) -> torch.Tensor:
     """(n,) audio convolved with ``rir``, cut to n samples and brought back to the input's RMS level."""
-    wet = AF.fftconvolve(wave, rir)[: wave.shape[0]]
+    n = fast_fft_length(wave.shape[0] + rir.shape[0] - 1)  # the full linear convolution fits: no wrap-around
+    wet = torch.fft.irfft(torch.fft.rfft(wave, n=n) * torch.fft.rfft(rir, n=n), n=n)[: wave.shape[0]]
     return wet * rms(wave) / rms(wet).clamp(min=1e-8)
 
 
 def band_limit(wave: torch.Tensor, sample_rate: int, low: float, high: float) -> torch.Tensor:
     """(n,) audio with every frequency outside [low, high] Hz removed (a brick-wall FFT mask)."""
-    spectrum = torch.fft.rfft(wave)
-    freqs = torch.fft.rfftfreq(wave.shape[0], 1 / sample_rate)
-    return torch.fft.irfft(spectrum * ((freqs >= low) & (freqs <= high)), n=wave.shape[0])
+    n = fast_fft_length(wave.shape[0])  # zero-padded: the mask filters the same frequencies
+    spectrum = torch.fft.rfft(wave, n=n)
+    freqs = torch.fft.rfftfreq(n, 1 / sample_rate)
+    return torch.fft.irfft(spectrum * ((freqs >= low) & (freqs <= high)), n=n)[: wave.shape[0]]
 
 
 def telephone(wave: torch.Tensor, sample_rate: int, via_8khz: bool = True) -> torch.Tensor:

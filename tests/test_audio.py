@@ -3,7 +3,9 @@ import pytest
 import soundfile
 import torch
 
-from asr.audio import AudioError, FeatureConfig, FeatureExtractor, SpecAugment, load_audio, resample
+import torchaudio.functional as AF
+
+from asr.audio import AudioError, FeatureConfig, FeatureExtractor, SpecAugment, fast_fft_length, load_audio, resample
 
 
 def features(sample_rate: int, kind: str = "auto") -> FeatureExtractor:
@@ -50,6 +52,29 @@ def test_offset_past_the_end_raises_audio_error_naming_the_file(write_audio):
 def test_resample_changes_length_by_the_rate_ratio(from_rate, to_rate):
     out = resample(torch.randn(2, from_rate), from_rate, to_rate)
     assert out.shape == (2, to_rate)
+
+
+@pytest.mark.parametrize("from_rate, to_rate", [(14400, 16000), (17600, 16000), (44100, 16000), (16000, 8000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_resample_with_its_cached_kernel_equals_torchaudios(from_rate, to_rate, dtype):
+    for seed in (0, 1):  # the second call reuses the kernel the first computed
+        wave = torch.randn(3, 12347, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+        out = resample(wave, from_rate, to_rate)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, AF.resample(wave, from_rate, to_rate), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 11, 97, 16001, 23417, 48000])
+def test_fast_fft_length_is_the_next_length_with_factors_2_3_5_only(n):
+    def smooth(m: int) -> bool:
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    length = fast_fft_length(n)
+    assert length >= n and smooth(length)
+    assert not any(smooth(m) for m in range(n, length))
 
 
 def test_resample_keeps_a_tone_at_its_frequency():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +80,14 @@ def test_reverberation_smears_an_impulse_over_the_rt60_and_keeps_the_level():
     assert energy[100 + RATE // 10 :].sum() > 0.01 * energy.sum()  # still ringing 100 ms later
     late = energy[100 + int(0.4 * RATE) : 100 + int(0.5 * RATE)].sum() / energy[100 + 1 : 100 + int(0.1 * RATE)].sum()
     assert late < 10 ** (-30 / 10)  # 0.4-0.5 s after the click it is > 30 dB below the first 100 ms
+
+
+@pytest.mark.parametrize("length", [997, 23417])  # 23417 = 11 x 2129: zero-padded to a fast FFT length
+def test_reverberation_is_the_linear_convolution_with_the_rir_cut_to_length(length):
+    wave = torch.randn(length, generator=seeded(1), dtype=torch.float64)
+    rir = A.room_impulse_response(RATE, 0.05, seeded(2)).double()
+    direct = torch.from_numpy(np.convolve(wave.numpy(), rir.numpy()))[:length]  # no wrap-around from the tail
+    torch.testing.assert_close(A.reverberate(wave, rir), direct * A.rms(wave) / A.rms(direct))
 
 
 @pytest.mark.parametrize("via_8khz", [True, False])

@@ -161,7 +161,7 @@ def fit_quietly(tmp_path, train, dev, *args: str):
     from asr.fit import main
 
     cli = main(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_model_summary", "false",
-                "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "1", "--data.tokenizer_type", "char",
+                "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "2", "--data.tokenizer_type", "char",
                 "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", "null",
                 "--data.num_workers", "0", *args])
     return cli.trainer.log_dir

@@ -106,7 +106,7 @@ def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_nam
     from asr.fit import build
 
     cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "3",
-                 "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "1",
+                 "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "2",
                  "--data.tokenizer_type", "char", "--data.train_manifest", str(corpus.train),
                  "--data.val_manifest", str(corpus.dev), "--data.test_manifest", "null",
                  "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5"])
@@ -128,7 +128,7 @@ def ddp_fit(corpus, tmp_path, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "asr.fit", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
                "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.max_epochs", "2",
                "--test", "false",
-               "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "1",
+               "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "2",
                "--data.tokenizer_type", "char", "--data.num_workers", "0", "--data.max_batch_seconds", "1.3",
                "--data.max_duration", "1.3", "--data.shuffle", "false", "--data.train_manifest", str(corpus.train),
                "--data.val_manifest", str(corpus.dev), *args]

@@ -132,7 +132,8 @@ class ASRModule(pl.LightningModule):
                    if spec_augment else None)
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
         if inter_ctc and self.model.middle_block < 0:
-            raise ValueError(f"model.inter_ctc needs a middle block, so model.n_layers >= 2, got {n_layers}")
+            raise ValueError(f"model.inter_ctc needs a middle block, so model.n_layers >= 2, got {n_layers} "
+                             f"(with model.inter_ctc {inter_ctc}; model.inter_ctc 0 turns it off)")
         self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
         self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
         self.step_clock: torch.Tensor | None = None  # the ranks' mean seconds of training at this update (max_time)

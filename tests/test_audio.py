@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-
 import torchaudio.functional as AF
 
 from asr.audio import AudioError, FeatureConfig, FeatureExtractor, SpecAugment, fast_fft_length, load_audio, resample

@@ -161,9 +161,13 @@ def test_inter_ctc_trains_on_the_middle_blocks_ctc_loss_too_and_leaves_evaluatio
     assert objective is final  # validation and test score the output alone
 
 
-@pytest.mark.parametrize("weight, layers", [(1.0, 4), (-0.1, 4), (0.3, 1)])
-def test_inter_ctc_outside_its_range_or_without_a_middle_block_is_refused(char_tokenizer, weight, layers):
-    with pytest.raises(ValueError, match="model.inter_ctc"):
+NO_MIDDLE = "n_layers >= 2, got 1 .with model.inter_ctc 0.3; model.inter_ctc 0 turns it off"  # names the way out
+
+
+@pytest.mark.parametrize("weight, layers, message", [(1.0, 4, "model.inter_ctc must be in"),
+                                                     (-0.1, 4, "model.inter_ctc must be in"), (0.3, 1, NO_MIDDLE)])
+def test_inter_ctc_outside_its_range_or_without_a_middle_block_is_refused(char_tokenizer, weight, layers, message):
+    with pytest.raises(ValueError, match=message):
         module(char_tokenizer, n_layers=layers, inter_ctc=weight)
 
 

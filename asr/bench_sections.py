@@ -129,6 +129,7 @@ def measure_features(settings: Settings, args: Sequence[str], data: ASRDataModul
 def measure_data_wait(settings: Settings, args: Sequence[str], data: ASRDataModule) -> dict:
     """Share of training wall time spent waiting for the configured train loader (first batch excluded)."""
     step = plain_step(build(settings.preset, *args), settings.steps + 1)
+    data.datasets["train"].cache.clear()  # measure_batching filled it: read as a run's first epoch does
     loader = iter(data.train_dataloader())
     step(next(loader))  # worker start-up and the model's warm-up
     start, wait = time.perf_counter(), 0.0

@@ -4,13 +4,14 @@ One DataModule serves 8 kHz and 16 kHz audio (``configs/data/8khz.yaml``, ``16kh
 files at another rate are resampled on loading. Batches are filled up to
 ``max_batch_seconds`` of padded audio, not a fixed count. Every manifest line is
 checked in ``setup`` before the first step (see asr.manifest); audio that breaks later
-(deleted, truncated) is dropped from its batch and counted (see asr.datafaults).
+(deleted, truncated) is dropped from its batch and counted (see asr.datafaults), unless it was
+kept in memory (``AudioCache``, ``cache_audio_mb``): then it is not read again.
 """
 
 from __future__ import annotations
 
 from functools import cached_property, partial
-from typing import Literal, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import pytorch_lightning as pl
 import torch
@@ -36,6 +37,30 @@ class Batch(NamedTuple):
     dropped: tuple[str, ...] = ()  # "SOURCE: reason" of this batch's utterances that failed to load (DataFaults)
 
 
+class AudioCache:
+    """Waveforms as ``ASRDataset.read`` gives them (decoded, resampled, one per utterance and speed), kept
+    in memory up to ``megabytes`` in all; past that, the rest are read every time. Each process fills its
+    own (a DataLoader worker, a copy). Reading and resampling every epoch cost the data worker CPU that a
+    small machine takes from training (docs/benchmarks.md, 2026-11-24 morning)."""
+
+    def __init__(self, megabytes: float = 0.0):
+        self.budget, self.used = round(megabytes * 1e6), 0
+        self.waves: dict[tuple[int, float], torch.Tensor] = {}
+
+    def get(self, key: tuple[int, float], read: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The kept waveform of ``key`` (utterance, speed), or ``read()``'s, kept if it fits.
+        Callers never change it in place."""
+        wave = self.waves.get(key)
+        if wave is None:
+            wave = read()
+            if self.used + wave.nbytes <= self.budget:
+                self.waves[key], self.used = wave, self.used + wave.nbytes
+        return wave
+
+    def clear(self) -> None:
+        self.waves, self.used = {}, 0
+
+
 class ASRDataset(Dataset):
     """Utterances and their token ids; ``dataset[[i, j, ...]]`` loads and collates one batch.
 
@@ -45,25 +70,31 @@ class ASRDataset(Dataset):
     """
 
     def __init__(self, utterances: list[mf.Utterance], tokens: list[list[int]], sample_rate: int,
-                 speed_perturb: tuple[float, ...] = (1.0,)):
+                 speed_perturb: tuple[float, ...] = (1.0,), cache: AudioCache | None = None):
         self.utterances, self.tokens, self.sample_rate = utterances, tokens, sample_rate
         self.speed_perturb = speed_perturb
+        self.cache = AudioCache() if cache is None else cache
         self.augment: Augmenter | None = None
 
     def __len__(self) -> int:
         return len(self.utterances)
 
     def load(self, i: int) -> torch.Tensor:
-        """Utterance ``i``'s waveform (n,) float32; AudioError naming its manifest line if it cannot be read."""
+        """Utterance ``i``'s waveform (n,) float32 at a speed drawn from ``speed_perturb``, augmented;
+        AudioError naming its manifest line if it cannot be read."""
+        speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
+        wave = self.cache.get((i, speed), partial(self.read, i, speed))
+        return self.augment(wave) if self.augment else wave
+
+    def read(self, i: int, speed: float = 1.0) -> torch.Tensor:
+        """Utterance ``i``'s audio played at ``speed``: (n,) float32; AudioError naming its manifest line."""
         utt = self.utterances[i]
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
             check_finite(samples, "audio")
         except AudioError as err:
             raise AudioError(f"{utt.source}: {err}") from err
-        speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
-        wave = resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
-        return self.augment(wave) if self.augment else wave
+        return resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
 
     def __getitem__(self, indices: list[int]) -> Batch:
         """The batch of ``indices``, without those whose audio fails to load (named in ``Batch.dropped``).
@@ -132,6 +163,7 @@ class ASRDataModule(pl.LightningDataModule):
         on_bad_line: Literal["error", "skip"] = "error",
         max_dropped_share: float = 0.01,
         num_workers: int = 1,
+        cache_audio_mb: float = 0.0,
         seed: int = 0,
         subsampling: int = EncoderConfig.subsampling,
         pitch_prob: float = Augmentation.pitch_prob,
@@ -169,6 +201,9 @@ class ASRDataModule(pl.LightningDataModule):
                 dropped from its batch and named once; above this share of a split in one pass the run stops
                 and lists them.
             num_workers: DataLoader worker processes that read and resample audio.
+            cache_audio_mb: megabytes of read audio (each utterance at each speed it was played at) that each
+                data worker keeps in memory for each split, so that later epochs need not read and resample
+                it again; 0 = read every time.
             seed: seed of the batch order (with the epoch number).
             subsampling: the model's frame subsampling, linked from model.subsampling (CTC feasibility).
             pitch_prob: probability that a training utterance's pitch is shifted (asr.augment; 0 = off).
@@ -189,6 +224,8 @@ class ASRDataModule(pl.LightningDataModule):
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
+        if cache_audio_mb < 0:
+            raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
         if not 0 <= max_dropped_share <= 1:
             raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
         self.save_hyperparameters()
@@ -246,9 +283,9 @@ class ASRDataModule(pl.LightningDataModule):
         mf.say_notes(notes, path, hp.sample_rate)
         if not good:
             raise mf.ManifestError(f"{path}: no usable utterance")
-        dataset = ASRDataset(good, tokens, hp.sample_rate, speed_perturb)
-        if augmentation.on:
-            voices = partial(random_voice, ASRDataset(good, tokens, hp.sample_rate))  # unaugmented, at speed 1
+        dataset = ASRDataset(good, tokens, hp.sample_rate, speed_perturb, AudioCache(hp.cache_audio_mb))
+        if augmentation.on:  # babble voices: unaugmented, at speed 1, from the same cache
+            voices = partial(random_voice, ASRDataset(good, tokens, hp.sample_rate, cache=dataset.cache))
             dataset.augment = Augmenter(augmentation, hp.sample_rate, voices)
         return dataset
 

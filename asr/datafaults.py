@@ -1,7 +1,8 @@
 """Audio that fails to load mid-run: dropped, named once, counted, and a stop above a share.
 
 Setup checks every file (asr.manifest), but a long run can outlive its files: one deleted or
-truncated since then fails when its batch is loaded. ``ASRDataset`` drops it from the batch
+truncated since then fails when its batch is loaded (unless a worker kept its audio in memory:
+``asr.data.AudioCache``). ``ASRDataset`` drops it from the batch
 and names it in ``Batch.dropped`` (in the worker process); the loader hands each batch's
 names to this split's ``DataFaults`` in the main process.
 """

@@ -92,13 +92,13 @@ class ASRModule(pl.LightningModule):
             block: encoder block type, "transformer" or "conformer" (asr.blocks).
             conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
             conv_norm: conformer only: norm after the depthwise convolution, "layer" or "batch" (padding-masked).
-            spec_augment: frequency and time masking (SpecAugment) during training.
+            spec_augment: SpecAugment during training: frequency and time masks, and freq_warp; false turns all off.
             freq_masks: SpecAugment frequency masks per utterance.
             freq_width: widest frequency mask, in feature bins.
             time_masks: SpecAugment time masks per utterance.
             time_width: widest time mask, as a fraction of the batch's frames.
             freq_warp: w in [0, 0.5): w > 0 stretches each training utterance's frequency axis by a factor from
-                [1 - w, 1 + w] (vocal tract length perturbation, asr.audio.SpecAugment); 0 = off. Needs spec_augment.
+                [1 - w, 1 + w] (vocal tract length perturbation, asr.audio.SpecAugment); 0 = off. Part of spec_augment.
             inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
                 (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
                 0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
@@ -116,8 +116,6 @@ class ASRModule(pl.LightningModule):
             raise ValueError("ASRModule needs a tokenizer: fit.py links it from data.tokenizer")
         if not 0.0 <= inter_ctc < 1.0:
             raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc}")
-        if freq_warp and not spec_augment:
-            raise ValueError("model.freq_warp is part of SpecAugment: it needs model.spec_augment true")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
         feature_config = FeatureConfig.preset(sample_rate, features)
@@ -127,7 +125,7 @@ class ASRModule(pl.LightningModule):
             subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
             block=block, conv_kernel=conv_kernel, conv_norm=conv_norm,
         )
-        bin_hz = feature_config.bin_hz() if freq_warp else None  # only the warp needs it
+        bin_hz = feature_config.bin_hz() if freq_warp and spec_augment else None  # only the warp needs it
         augment = (SpecAugment(freq_masks, freq_width, time_masks, time_width, freq_warp, bin_hz)
                    if spec_augment else None)
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)

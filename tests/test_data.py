@@ -1,5 +1,7 @@
 import random
 import re
+from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -151,6 +153,59 @@ def test_all_bad_lines_are_listed_together_in_line_order(corpus):
         datamodule(corpus).setup("fit")
     listed = re.findall(re.escape(str(corpus.train)) + r":(\d+)", str(err.value))
     assert listed == [str(n + 1), str(n + 2), str(n + 3)]
+
+
+def counting_reads(monkeypatch) -> list[str]:
+    """The names of the audio files asr.data reads from now on."""
+    import asr.data
+
+    reads, read = [], asr.data.load_audio
+    monkeypatch.setattr(asr.data, "load_audio", lambda path, *args: reads.append(Path(path).name) or read(path, *args))
+    return reads
+
+
+def test_audio_kept_in_the_cache_is_read_once_and_what_is_over_its_size_is_read_every_time(corpus, monkeypatch):
+    kept_bytes = (16000 + 19200) * 4  # a.flac (1.0 s) and b.flac (1.2 s) at 16 kHz, float32; c.flac (0.9 s) is over
+    dm = datamodule(corpus, cache_audio_mb=kept_bytes / 1e6)
+    dm.setup("fit")
+    reads = counting_reads(monkeypatch)
+    first = dm.datasets["train"][[0, 1, 2]]
+    (corpus.root / "audio" / "a.flac").unlink()  # kept: no longer read, so not lost either
+    again = dm.datasets["train"][[0, 1, 2]]
+    assert reads == ["a.flac", "b.flac", "c.flac", "c.flac"]
+    assert torch.equal(first.audio, again.audio) and again.dropped == ()
+    assert dm.datasets["train"].cache.used == kept_bytes
+
+
+def test_the_default_run_keeps_each_utterance_once_per_speed(corpus, monkeypatch):
+    from asr.fit import build
+
+    cli = build(["--data.train_manifest", str(corpus.train), "--data.val_manifest", str(corpus.dev),
+                 "--data.test_manifest", "null", "--data.tokenizer_type", "char"])
+    cli.datamodule.setup("fit")
+    dataset = cli.datamodule.datasets["train"]
+    reads = counting_reads(monkeypatch)
+    torch.manual_seed(0)
+    lengths = {len(dataset.load(0)) for _ in range(30)}  # augmentation keeps the length; the speed sets it
+    assert len(dataset.speed_perturb) == 3 and len(lengths) == 3
+    counts = Counter(reads)  # babble noise reads other utterances, at speed 1 only
+    assert counts.pop("a.flac") == 3 and set(counts.values()) <= {1}
+
+
+def test_augmentation_never_changes_the_kept_waveform(corpus):
+    every_effect = {f"{effect}_prob": 1.0 for effect in ("pitch", "tempo", "noise", "reverb", "gain", "telephone")}
+    dm = datamodule(corpus, cache_audio_mb=1, **every_effect)
+    dm.setup("fit")
+    dataset = dm.datasets["train"]
+    first = dataset.load(0)
+    for _ in range(3):
+        assert not torch.equal(dataset.load(0), first)  # augmented anew each time
+    assert torch.equal(dataset.cache.waves[(0, 1.0)], dataset.read(0))
+
+
+def test_a_negative_cache_size_is_refused_naming_the_flag(corpus):
+    with pytest.raises(ValueError, match="data.cache_audio_mb must be >= 0"):
+        datamodule(corpus, cache_audio_mb=-1)
 
 
 # Validation while fitting

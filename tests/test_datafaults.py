@@ -109,7 +109,8 @@ def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_nam
                  "--model.d_model", "32", "--model.n_heads", "2", "--model.n_layers", "2",
                  "--data.tokenizer_type", "char", "--data.train_manifest", str(corpus.train),
                  "--data.val_manifest", str(corpus.dev), "--data.test_manifest", "null",
-                 "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5"])
+                 "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5",
+                 "--data.cache_audio_mb", "0"])  # read every epoch (kept audio is never lost: tests/test_data.py)
     cli.trainer.callbacks.append(DeleteAfterFirstEpoch(corpus.root / "audio" / "b.flac"))
     with pytest.warns(UserWarning, match="no longer loads") as caught:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -105,14 +105,16 @@ class FeatureConfig:
     n_mels: int = 80  # only for kind="mel"
 
     @staticmethod
-    def preset(sample_rate: int, kind: str = "auto") -> "FeatureConfig":
+    def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels) -> "FeatureConfig":
         """The 8 kHz (linear, 20 ms) or 16 kHz (mel, 25 ms) preset; ``kind`` overrides the type."""
         if kind == "auto":
             kind = "linear" if sample_rate <= 8000 else "mel"
         if kind not in ("mel", "linear"):
             raise ValueError(f"features must be 'auto', 'mel' or 'linear', got {kind!r}")
+        if n_mels < 1:
+            raise ValueError(f"n_mels must be >= 1, got {n_mels}")
         win = 0.025 if kind == "mel" else 0.020
-        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win)
+        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels)
 
     @property
     def win_length(self) -> int:

@@ -49,6 +49,7 @@ class ASRModule(pl.LightningModule):
         tokenizer: Tokenizer | None = None,
         sample_rate: int = FeatureConfig.sample_rate,
         features: Literal["auto", "mel", "linear"] = "auto",
+        n_mels: int = FeatureConfig.n_mels,
         d_model: int = EncoderConfig.d_model,
         n_heads: int = EncoderConfig.n_heads,
         n_layers: int = EncoderConfig.n_layers,
@@ -79,7 +80,8 @@ class ASRModule(pl.LightningModule):
         Args:
             tokenizer: linked from data.tokenizer; its vocab_size sets the CTC head's width.
             sample_rate: Hz, linked from data.sample_rate; picks the feature preset.
-            features: "auto" (8 kHz: 81-bin linear, 16 kHz: 80 log-mel), or force "mel" / "linear".
+            features: "auto" (8 kHz: 81-bin linear, 16 kHz: log-mel), or force "mel" / "linear".
+            n_mels: mel filters (feature bins) of the log-mel features; unused by linear ones.
             d_model: encoder width.
             n_heads: attention heads; must divide d_model.
             n_layers: encoder blocks.
@@ -118,7 +120,7 @@ class ASRModule(pl.LightningModule):
             raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
-        feature_config = FeatureConfig.preset(sample_rate, features)
+        feature_config = FeatureConfig.preset(sample_rate, features, n_mels)
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,

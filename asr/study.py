@@ -186,7 +186,10 @@ def prepare(study: Study, out: Path) -> dict:
     for name, content in ((PLAN, asdict(study)), (BASE, base)):
         with write_atomically(out / name) as partial:
             partial.write_text(yaml.safe_dump(content, sort_keys=False))
-    draw_subsets(base["data"]["train_manifest"], study.fractions, study.seed, out)
+    try:
+        draw_subsets(base["data"]["train_manifest"], study.fractions, study.seed, out)
+    except OSError as err:  # a corpus not made yet: the config's header says how to make it
+        raise StudyError(f"data.train_manifest: {err}") from err
     tokenizer_path(base, out)
     return base
 

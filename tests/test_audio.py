@@ -98,9 +98,11 @@ def test_16khz_linear_gives_161_bins():
     assert feats.shape[-1] == 161
 
 
-def test_unknown_feature_kind_is_refused():
+def test_unknown_feature_kind_or_no_mel_filter_is_refused():
     with pytest.raises(ValueError, match="'mfcc'"):
         FeatureConfig.preset(16000, "mfcc")
+    with pytest.raises(ValueError, match="n_mels must be >= 1, got 0"):
+        FeatureConfig.preset(16000, "mel", 0)
 
 
 @pytest.mark.parametrize("sample_rate", [8000, 16000])

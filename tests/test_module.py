@@ -100,12 +100,14 @@ def test_module_without_tokenizer_is_refused_with_the_link_named():
         ASRModule()
 
 
-def test_checkpoint_round_trip_gives_the_same_transcripts(char_tokenizer, waveforms, tmp_path):
-    original = module(char_tokenizer).eval()
+@pytest.mark.parametrize("n_mels", [80, 40])
+def test_checkpoint_round_trip_gives_the_same_transcripts(n_mels, char_tokenizer, waveforms, tmp_path):
+    original = module(char_tokenizer, n_mels=n_mels).eval()
     checkpoint = {"state_dict": original.state_dict(), "hyper_parameters": dict(original.hparams),
                   "tokenizer": char_tokenizer.serialized}
     torch.save(checkpoint, tmp_path / "m.ckpt")
     loaded = ASRModule.from_checkpoint(tmp_path / "m.ckpt")
+    assert loaded.model.features.config.n_feats == loaded.model.cfg.n_feats == n_mels
     audio, lengths = waveforms(1.0, 0.7)
     assert loaded.transcribe_batch(audio, lengths) == original.transcribe_batch(audio, lengths)
     torch.testing.assert_close(loaded(audio, lengths)[0], original(audio, lengths)[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -34,6 +35,16 @@ def test_bad_settings_are_named(tmp_path):
         main(["--quick", "--out", str(tmp_path), "--smooth", "4"])
     with pytest.raises(StudyError, match="no study.yaml"):
         main(["--collect", str(tmp_path)])
+
+
+def test_the_full_grid_without_its_corpus_names_the_missing_manifest(tmp_path):
+    """configs/study/grid.yaml trains on data/study, which its header says how to make: one line, no traceback."""
+    done = subprocess.run([sys.executable, "-m", "asr.study", "--config", str(REPO / "configs" / "study" / "grid.yaml"), "--out",
+                           str(tmp_path / "study")], cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("asr.study: error: data.train_manifest: manifest data/study/train.jsonl "
+                                   "does not exist")
 
 
 def study(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:

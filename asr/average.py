@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
             [Path(p) for p in args.inputs]
         save(average(paths), Path(args.output))
     except AverageError as err:
-        sys.exit(f"error: {err}")
+        sys.exit(f"{parser.prog}: error: {err}")
     print(f"{args.output}: the average of {len(paths)} checkpoints: " + ", ".join(str(p) for p in paths))
 
 

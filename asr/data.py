@@ -238,7 +238,7 @@ class ASRDataModule(pl.LightningDataModule):
         hp = self.hparams
         if hp.tokenizer_model:
             return Tokenizer.load(hp.tokenizer_model)
-        utterances, _ = mf.parse_manifest(hp.train_manifest)
+        utterances, _ = parse_split(hp.train_manifest, "train")
         if not utterances:
             raise mf.ManifestError(f"{hp.train_manifest}: no usable line to train the tokenizer on")
         tokenizer = Tokenizer.train((u.text for u in utterances), hp.tokenizer_type, hp.tokenizer_vocab_size)
@@ -255,17 +255,18 @@ class ASRDataModule(pl.LightningDataModule):
             path = hp[f"{split}_manifest"]
             if split not in self.datasets and path:
                 train = split == "train"
-                speeds = tuple(hp.speed_perturb) if train else (1.0,)
-                self.datasets[split] = self.load_split(path, speeds, self.augmentation if train else Augmentation())
+                speeds, augmentation = (tuple(hp.speed_perturb), self.augmentation) if train else ((1.0,), Augmentation())
+                self.datasets[split] = self.load_split(path, speeds, augmentation, split)
 
     def load_split(self, path: str, speed_perturb: tuple[float, ...] = (1.0,),
-                   augmentation: Augmentation = Augmentation()) -> ASRDataset:
-        """Parse and check every line of ``path``; bad lines stop the run or are skipped (on_bad_line).
+                   augmentation: Augmentation = Augmentation(), split: str = "train") -> ASRDataset:
+        """Parse and check every line of ``path``, ``split``'s manifest; bad lines stop the run or are skipped
+        (on_bad_line).
 
         ``augmentation`` (training only) is applied on loading; babble noise draws from the same utterances.
         """
         hp = self.hparams
-        utterances, problems = mf.parse_manifest(path)
+        utterances, problems = parse_split(path, split)
         total = len(utterances) + len(problems)
         good, tokens, notes = [], [], []
         fastest = max(speed_perturb) * augmentation.fastest
@@ -333,6 +334,14 @@ class ASRDataModule(pl.LightningDataModule):
         if "test" not in self.datasets:
             raise ValueError("no test set: set --data.test_manifest")
         return self.loader("test", shuffle=False)
+
+
+def parse_split(path: str, split: str) -> tuple[list[mf.Utterance], list[mf.Problem]]:
+    """``mf.parse_manifest``; a manifest that cannot be opened is a ManifestError naming its flag."""
+    try:
+        return mf.parse_manifest(path)
+    except OSError as err:
+        raise mf.ManifestError(f"data.{split}_manifest: {err}") from err
 
 
 def _line_order(problem: mf.Problem) -> tuple[str, int]:

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = export(args.checkpoint, args.output)
     except RuntimeError as err:
-        sys.exit(f"error: {err}")
+        sys.exit(f"{parser.prog}: error: {err}")
     size = Path(args.output).stat().st_size / 2**20
     print(f"{args.output}: {size:.1f} MiB, exported in {time.perf_counter() - start:.1f} s\n{result}")
 

@@ -32,7 +32,7 @@ import torch
 from pytorch_lightning.cli import LightningCLI
 
 from asr.audio import AudioError
-from asr.data import ASRDataModule
+from asr.data import ASRDataModule, parse_split
 from asr.manifest import ManifestError
 from asr.module import ASRModule, NonFiniteLossError
 from asr.resilience import (COLLECTIVE_TIMEOUT_MINUTES, Preempted, describe_failure, is_collective_timeout,
@@ -149,6 +149,9 @@ def main(args: list[str] | None = None) -> ASRCLI:
         raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from err
     ckpt_path = resolve_ckpt_path(cli)
     check_resumable(ckpt_path)
+    test_manifest = cli.config.test and cli.datamodule.hparams.test_manifest
+    if test_manifest:  # a mistyped path is named now, not after training
+        parse_split(test_manifest, "test")
     trainer = cli.trainer
     set_collective_timeout(trainer.strategy, cli.config.collective_timeout)
     try:
@@ -162,7 +165,7 @@ def main(args: list[str] | None = None) -> ASRCLI:
     for callback in trainer.checkpoint_callbacks:  # with the default config: the best, then the last
         if callback.best_model_path:
             trainer.print(f"{'best' if callback.monitor else 'last'} checkpoint: {callback.best_model_path}")
-    if cli.config.test and cli.datamodule.hparams.test_manifest:
+    if test_manifest:
         best = trainer.checkpoint_callback  # none yet when max_steps ends the run before any validation
         best = best and best.monitor and best.best_model_path and cli.config.test_checkpoint == "best"
         trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best" if best else None, weights_only=True)

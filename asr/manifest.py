@@ -71,7 +71,8 @@ def parse_manifest(path: str | Path, required: tuple[str, ...] = TRAINING_KEYS
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"manifest {path} does not exist")
+        where = "" if path.is_absolute() else f" (relative paths start from the current folder, {Path.cwd()})"
+        raise FileNotFoundError(f"manifest {path} does not exist{where}")
     utterances, problems = [], []
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):

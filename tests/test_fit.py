@@ -149,6 +149,22 @@ def test_a_setting_a_constructor_refuses_is_one_line_naming_it(args, message):
     assert result.stderr.strip().splitlines()[-1].startswith(message)
 
 
+@pytest.mark.parametrize("args, flag, path", [
+    ([], "train", "data/mini/train.jsonl"),  # the default run, started outside the checkout
+    (["--data.val_manifest", "dev.jsonl"], "val", "dev.jsonl"),
+    (["--data.test_manifest", "test.jsonl"], "test", "test.jsonl"),  # named before training, not after it
+])
+def test_a_missing_manifest_is_one_line_naming_its_flag(tmp_path, args, flag, path):
+    bundled = [] if flag == "train" else [arg for split, name in (("train", "train"), ("val", "dev"), ("test", "test"))
+                                          for arg in (f"--data.{split}_manifest", str(MINI / f"{name}.jsonl"))]
+    result = subprocess.run([sys.executable, "-m", "asr.fit", *bundled, *args, "--trainer.logger.init_args.save_dir",
+                             str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    where = f"relative paths start from the current folder, {tmp_path}"
+    assert result.stderr.strip().splitlines()[-1] == f"asr.fit: error: data.{flag}_manifest: manifest {path} does not exist ({where})"
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
 def test_print_config_shows_the_linked_resolved_config(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--print_config", "--model.d_model", "96"])

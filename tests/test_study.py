@@ -39,19 +39,18 @@ def test_bad_settings_are_named(tmp_path):
 
 def test_the_full_grid_without_its_corpus_names_the_missing_manifest(tmp_path):
     """configs/study/grid.yaml trains on data/study, which its header says how to make: one line, no traceback."""
-    done = subprocess.run([sys.executable, "-m", "asr.study", "--config", str(REPO / "configs" / "study" / "grid.yaml"), "--out",
-                           str(tmp_path / "study")], cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1
-    assert done.stderr.strip() == ("asr.study: error: data.train_manifest: manifest data/study/train.jsonl "
-                                   "does not exist")
+    done = study("--config", str(REPO / "configs" / "study" / "grid.yaml"), "--out", str(tmp_path / "study"),
+                 cwd=tmp_path, returncode=1)
+    assert done.stderr.strip() == ("asr.study: error: data.train_manifest: manifest data/study/train.jsonl does not "
+                                   f"exist (relative paths start from the current folder, {tmp_path})")
 
 
-def study(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """``python -m asr.study ARGS`` as a user types it; fails the test with its output if it fails."""
+def study(*args: str, cwd: Path = REPO, returncode: int = 0) -> subprocess.CompletedProcess:
+    """``python -m asr.study ARGS`` as a user types it, from ``cwd``; fails the test with its output unless it
+    exits with ``returncode``."""
     done = subprocess.run([sys.executable, "-m", "asr.study", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+                          env=os.environ | {"PYTHONPATH": str(REPO)}, timeout=TIMEOUT)
+    assert done.returncode == returncode, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 

@@ -205,37 +205,62 @@ class SpecAugment(nn.Module):
     first warps each utterance's frequency axis by a factor a drawn from [1 - w, 1 + w] (vocal tract length
     perturbation, Jaitly and Hinton 2013): what was at f Hz moves to a * f, piecewise linearly so that the
     top bin stays. It stretches formants and whatever harmonics the bins resolve alike, on the normalised
-    features: a cheap stand-in for other vocal tracts. ``bin_hz`` (``FeatureConfig.bin_hz()``) places the
-    bins; only the warp needs it.
+    features: a cheap stand-in for other vocal tracts. ``freq_warp_jitter`` = j > 0 also moves the warp's
+    knots near the formants (``JITTER_KNOTS_HZ`` up to half the top bin's Hz) each by its own further factor
+    from [1 - j, 1 + j], piecewise linearly between them, so that F1, F2 and F3 scale unevenly, as vocal tracts
+    of other shapes, not only of other lengths, do. ``bin_hz`` (``FeatureConfig.bin_hz()``) places the bins;
+    only the warp needs it.
     """
 
-    freq_masks, freq_width, time_masks, time_width, freq_warp = 2, 15, 2, 0.05, 0.0  # the defaults (ASRModule's too)
+    # the defaults (ASRModule's too)
+    freq_masks, freq_width, time_masks, time_width, freq_warp, freq_warp_jitter = 2, 15, 2, 0.05, 0.0, 0.0
     WARP_KNEE = 0.8  # output Hz up to this fraction of the top bin's (times min(1, a)) come from f / a; then linear
+    JITTER_KNOTS_HZ = (400.0, 1000.0, 2000.0, 3500.0)  # between and around the first three formants
 
     def __init__(self, freq_masks: int = freq_masks, freq_width: int = freq_width, time_masks: int = time_masks,
-                 time_width: float = time_width, freq_warp: float = freq_warp, bin_hz: torch.Tensor | None = None):
+                 time_width: float = time_width, freq_warp: float = freq_warp,
+                 freq_warp_jitter: float = freq_warp_jitter, bin_hz: torch.Tensor | None = None):
         super().__init__()
-        if not 0.0 <= freq_warp < 0.5:
-            raise ValueError(f"model.freq_warp must be in [0, 0.5), got {freq_warp}")
-        if freq_warp and bin_hz is None:
+        for name, value in (("freq_warp", freq_warp), ("freq_warp_jitter", freq_warp_jitter)):
+            if not 0.0 <= value < 0.5:
+                raise ValueError(f"model.{name} must be in [0, 0.5), got {value}")
+        if (freq_warp or freq_warp_jitter) and bin_hz is None:
             raise ValueError("SpecAugment: freq_warp needs the bins' frequencies (bin_hz)")
         self.freq_masks, self.freq_width = freq_masks, freq_width
         self.time_masks, self.time_width = time_masks, time_width
-        self.freq_warp = freq_warp
+        self.freq_warp, self.freq_warp_jitter = freq_warp, freq_warp_jitter
         # a plain fp32 attribute, not a buffer: not in checkpoints, and not cast to bf16 with the weights
         self.bin_hz = None if bin_hz is None else bin_hz.float()
 
-    def source_hz(self, hz: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-        """(F,) ascending bin Hz, (B,) warp factors -> (B, F) the Hz each output bin takes its value from."""
+    def jitter_knots(self, top: float) -> torch.Tensor:
+        """The knots ``freq_warp_jitter`` moves, in Hz, for features whose top bin is at ``top`` Hz."""
+        return torch.tensor([hz for hz in self.JITTER_KNOTS_HZ if hz <= top / 2])
+
+    def source_hz(self, hz: torch.Tensor, factors: torch.Tensor, jitters: torch.Tensor | None = None) -> torch.Tensor:
+        """(F,) ascending bin Hz, (B,) warp factors, (B, K) factors of the K ``jitter_knots`` or None -> (B, F) the
+        Hz each output bin takes its value from."""
         top, a = hz[-1], factors[:, None]
         knee = self.WARP_KNEE * top * a.clamp(max=1.0)  # (B, 1) output Hz where the slope changes
-        above = knee / a + (hz - knee) * (top - knee / a) / (top - knee)  # linear from (knee, knee / a) to (top, top)
-        return torch.where(hz <= knee, hz / a, above).clamp(hz[0], top)
+        if jitters is None:
+            # linear from (knee, knee / a) to (top, top)
+            above = knee / a + (hz - knee) * (top - knee / a) / (top - knee)
+            return torch.where(hz <= knee, hz / a, above).clamp(hz[0], top)
+        knots = self.jitter_knots(top.item()).to(hz)
+        zero, end = hz.new_zeros(len(a), 1), top.expand(len(a), 1)
+        # the same map, but knot k goes to a * j_k * f_k; sorted apart, as a monotone map must be, should two cross
+        inputs = torch.cat([zero, knots.expand(len(a), -1), knee / a, end], 1).sort(1).values
+        outputs = torch.cat([zero, knots * a * jitters, knee, end], 1).sort(1).values
+        queries = hz.expand(len(a), -1).contiguous()
+        hi = torch.searchsorted(outputs, queries).clamp(1, outputs.shape[1] - 1)
+        (x0, x1), (y0, y1) = ((v.gather(1, hi - 1), v.gather(1, hi)) for v in (inputs, outputs))
+        return (x0 + (queries - y0) * (x1 - x0) / (y1 - y0).clamp(min=1e-3)).clamp(hz[0], top)
 
-    def warp(self, feats: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-        """(B, T, F) features, (B,) warp factors -> (B, T, F): each bin interpolated at its ``source_hz``."""
+    def warp(self, feats: torch.Tensor, factors: torch.Tensor, jitters: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, F) features, (B,) warp factors, (B, K) knot factors or None -> (B, T, F): each bin interpolated at
+        its ``source_hz``."""
         hz = self.bin_hz.to(feats.device)  # (F,) ascending
-        source = self.source_hz(hz, factors.float().to(feats.device))
+        jitters = None if jitters is None else jitters.float().to(feats.device)
+        source = self.source_hz(hz, factors.float().to(feats.device), jitters)
         hi = torch.searchsorted(hz, source.contiguous()).clamp(1, hz.numel() - 1)  # (B, F)
         lo = hi - 1
         weight = ((source - hz[lo]) / (hz[hi] - hz[lo])).to(feats.dtype)[:, None, :]  # (B, 1, F)
@@ -246,9 +271,13 @@ class SpecAugment(nn.Module):
         """(B, T, F) -> (B, T, F); masked values are 0, the normalised mean."""
         if not self.training:
             return feats
-        if self.freq_warp:
+        if self.freq_warp or self.freq_warp_jitter:
             factors = 1.0 + self.freq_warp * (2 * torch.rand(feats.shape[0], device=feats.device) - 1)
-            feats = self.warp(feats, factors)
+            jitters = None
+            if self.freq_warp_jitter:
+                knots = len(self.jitter_knots(self.bin_hz[-1].item()))
+                jitters = 1.0 + self.freq_warp_jitter * (2 * torch.rand(feats.shape[0], knots, device=feats.device) - 1)
+            feats = self.warp(feats, factors, jitters)
         x = feats.transpose(1, 2).unsqueeze(1)  # (B, 1, F, T): torchaudio's (..., freq, time)
         for _ in range(self.freq_masks):
             x = AF.mask_along_axis_iid(x, self.freq_width, 0.0, axis=2)

@@ -68,6 +68,7 @@ class ASRModule(pl.LightningModule):
         time_masks: int = SpecAugment.time_masks,
         time_width: float = SpecAugment.time_width,
         freq_warp: float = SpecAugment.freq_warp,
+        freq_warp_jitter: float = SpecAugment.freq_warp_jitter,
         inter_ctc: float = 0.0,
         checkpoint_every: int = 0,
         compile: bool = False,
@@ -101,6 +102,8 @@ class ASRModule(pl.LightningModule):
             time_width: widest time mask, as a fraction of the batch's frames.
             freq_warp: w in [0, 0.5): w > 0 stretches each training utterance's frequency axis by a factor from
                 [1 - w, 1 + w] (vocal tract length perturbation, asr.audio.SpecAugment); 0 = off. Part of spec_augment.
+            freq_warp_jitter: j in [0, 0.5): j > 0 also moves the warp's knots near the first three formants each by
+                its own factor from [1 - j, 1 + j], so that formants scale unevenly; 0 = off. Part of spec_augment.
             inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
                 (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
                 0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
@@ -127,8 +130,9 @@ class ASRModule(pl.LightningModule):
             subsampling=subsampling, attention_window=attention_window, conv_channels=conv_channels,
             block=block, conv_kernel=conv_kernel, conv_norm=conv_norm,
         )
-        bin_hz = feature_config.bin_hz() if freq_warp and spec_augment else None  # only the warp needs it
-        augment = (SpecAugment(freq_masks, freq_width, time_masks, time_width, freq_warp, bin_hz)
+        warps = (freq_warp or freq_warp_jitter) and spec_augment
+        bin_hz = feature_config.bin_hz() if warps else None  # only the warp needs it
+        augment = (SpecAugment(freq_masks, freq_width, time_masks, time_width, freq_warp, freq_warp_jitter, bin_hz)
                    if spec_augment else None)
         self.model = CTCModel(feature_config, encoder, augment, checkpoint_every)
         if inter_ctc and self.model.middle_block < 0:

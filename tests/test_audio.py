@@ -236,6 +236,36 @@ def test_freq_warp_reads_f_over_a_below_the_knee_then_a_line_to_the_top_bin(samp
     assert source[-1].item() == pytest.approx(hz[-1].item()) and bool((source.diff() > 0).all())
 
 
+@pytest.mark.parametrize("sample_rate", [16000, 8000])
+def test_freq_warp_jitter_puts_each_formant_knot_where_its_own_factor_says(sample_rate):
+    hz = FeatureConfig.preset(sample_rate).bin_hz()
+    augment = SpecAugment(freq_warp=0.1, freq_warp_jitter=0.2, bin_hz=hz)
+    knots = augment.jitter_knots(hz[-1].item())
+    assert knots.tolist() == [400.0, 1000.0, 2000.0, 3500.0][:len(knots)] and len(knots) >= 3
+    factors = torch.tensor([0.9, 1.0, 1.1])
+    jitters = torch.tensor([[0.8, 1.2, 0.9, 1.1], [1.2, 0.8, 1.1, 0.9], [1.0, 1.0, 1.0, 1.0]])[:, :len(knots)]
+    landed = knots * factors[:, None] * jitters  # (3, K) output Hz of each knot
+    grid = torch.cat([hz, landed.flatten()]).sort().values  # the bins, and where each knot lands
+    source = augment.source_hz(grid, factors, jitters)
+    for b in range(3):
+        at = torch.searchsorted(grid, landed[b])
+        torch.testing.assert_close(source[b, at], knots, rtol=1e-4, atol=1e-2)  # each knot reads its own Hz
+    assert bool((source.diff(dim=1) >= 0).all()) and torch.equal(source[:, -1], grid[-1].expand(3))
+    plain = SpecAugment(freq_warp=0.1, bin_hz=hz).source_hz(grid, factors)
+    torch.testing.assert_close(source[2], plain[2], rtol=1e-4, atol=1e-2)  # factors of 1: the plain warp
+
+
+def test_freq_warp_jitter_moves_two_formants_apart():
+    hz = FeatureConfig.preset(16000).bin_hz()
+    formants = torch.exp(-(((hz - 500.0) / 60.0) ** 2)) + torch.exp(-(((hz - 2500.0) / 200.0) ** 2))
+    low, high = hz < 1500, hz >= 1500
+    augment = SpecAugment(freq_warp_jitter=0.2, bin_hz=hz)
+    # F1's knots (400, 1000 Hz) up by 1.2, F2's (2000, 3500 Hz) down by 0.8: F1 rises, F2 falls
+    warped = augment.warp(formants.expand(1, 1, -1), torch.ones(1), torch.tensor([[1.2, 1.2, 0.8, 0.8]]))[0, 0]
+    assert hz[low][warped[low].argmax()].item() == pytest.approx(600.0, rel=0.06)
+    assert hz[high][warped[high].argmax()].item() == pytest.approx(2000.0, rel=0.06)
+
+
 def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval():
     cfg = FeatureConfig.preset(16000)
     feats = torch.randn(1, 50, cfg.n_feats).expand(4, -1, -1)  # one utterance four times
@@ -245,3 +275,9 @@ def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval()
     assert torch.equal(augment.eval()(feats), feats)
     with pytest.raises(ValueError, match="model.freq_warp"):
         SpecAugment(freq_warp=0.5, bin_hz=cfg.bin_hz())
+    jitter = SpecAugment(0, 15, 0, 0.05, freq_warp_jitter=0.1, bin_hz=cfg.bin_hz())  # the knots alone warp too
+    out = jitter.train()(feats.clone())
+    assert not torch.equal(out[0], feats[0]) and not torch.equal(out[0], out[1])
+    assert torch.equal(jitter.eval()(feats), feats)
+    with pytest.raises(ValueError, match="model.freq_warp_jitter must be in"):
+        SpecAugment(freq_warp_jitter=0.5, bin_hz=cfg.bin_hz())

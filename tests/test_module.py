@@ -173,9 +173,10 @@ def test_inter_ctc_outside_its_range_or_without_a_middle_block_is_refused(char_t
         module(char_tokenizer, n_layers=layers, inter_ctc=weight)
 
 
-def test_freq_warp_changes_training_features_only_and_spec_augment_false_turns_it_off_too(char_tokenizer):
-    assert isinstance(module(char_tokenizer, spec_augment=False, freq_warp=0.1).model.spec_augment, torch.nn.Identity)
-    model = module(char_tokenizer, spec_augment=True, freq_warp=0.2, freq_masks=0, time_masks=0).model
+@pytest.mark.parametrize("warp", [{"freq_warp": 0.2}, {"freq_warp_jitter": 0.1}])
+def test_freq_warp_changes_training_features_only_and_spec_augment_false_turns_it_off_too(char_tokenizer, warp):
+    assert isinstance(module(char_tokenizer, spec_augment=False, **warp).model.spec_augment, torch.nn.Identity)
+    model = module(char_tokenizer, spec_augment=True, freq_masks=0, time_masks=0, **warp).model
     feats = torch.randn(2, 30, 80)
     assert not torch.equal(model.spec_augment.train()(feats), feats)  # the masks are off: this is the warp
     assert torch.equal(model.spec_augment.eval()(feats), feats)

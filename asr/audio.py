@@ -206,10 +206,10 @@ class SpecAugment(nn.Module):
     perturbation, Jaitly and Hinton 2013): what was at f Hz moves to a * f, piecewise linearly so that the
     top bin stays. It stretches formants and whatever harmonics the bins resolve alike, on the normalised
     features: a cheap stand-in for other vocal tracts. ``freq_warp_jitter`` = j > 0 also moves the warp's
-    knots near the formants (``JITTER_KNOTS_HZ`` up to half the top bin's Hz) each by its own further factor
-    from [1 - j, 1 + j], piecewise linearly between them, so that F1, F2 and F3 scale unevenly, as vocal tracts
-    of other shapes, not only of other lengths, do. ``bin_hz`` (``FeatureConfig.bin_hz()``) places the bins;
-    only the warp needs it.
+    knots near the formants (``jitter_knots``: ``JITTER_KNOTS_HZ`` up to half the top bin's Hz) each by its own
+    further factor from [1 - j, 1 + j], piecewise linearly between them, so that F1, F2 and F3 scale unevenly,
+    as vocal tracts of other shapes, not only of other lengths, do. ``bin_hz`` (``FeatureConfig.bin_hz()``)
+    places the bins; only the warp needs it.
     """
 
     # the defaults (ASRModule's too)
@@ -229,25 +229,25 @@ class SpecAugment(nn.Module):
         self.freq_masks, self.freq_width = freq_masks, freq_width
         self.time_masks, self.time_width = time_masks, time_width
         self.freq_warp, self.freq_warp_jitter = freq_warp, freq_warp_jitter
-        # a plain fp32 attribute, not a buffer: not in checkpoints, and not cast to bf16 with the weights
+        # plain fp32 attributes, not buffers: not in checkpoints, and not cast to bf16 with the weights
         self.bin_hz = None if bin_hz is None else bin_hz.float()
-
-    def jitter_knots(self, top: float) -> torch.Tensor:
-        """The knots ``freq_warp_jitter`` moves, in Hz, for features whose top bin is at ``top`` Hz."""
-        return torch.tensor([hz for hz in self.JITTER_KNOTS_HZ if hz <= top / 2])
+        self.jitter_knots = None if bin_hz is None else torch.tensor(  # (K,) Hz: the knots freq_warp_jitter moves
+            [hz for hz in self.JITTER_KNOTS_HZ if hz <= self.bin_hz[-1] / 2])
 
     def source_hz(self, hz: torch.Tensor, factors: torch.Tensor, jitters: torch.Tensor | None = None) -> torch.Tensor:
         """(F,) ascending bin Hz, (B,) warp factors, (B, K) factors of the K ``jitter_knots`` or None -> (B, F) the
-        Hz each output bin takes its value from."""
+        Hz each output bin takes its value from.
+
+        As (output Hz, source Hz) points, the map is piecewise linear from (0, 0) through (a * j_k * f_k, f_k)
+        for each jitter knot f_k and (knee, knee / a) to (top, top): without jitters, f / a up to the knee, then
+        a line to the top bin.
+        """
         top, a = hz[-1], factors[:, None]
         knee = self.WARP_KNEE * top * a.clamp(max=1.0)  # (B, 1) output Hz where the slope changes
-        if jitters is None:
-            # linear from (knee, knee / a) to (top, top)
-            above = knee / a + (hz - knee) * (top - knee / a) / (top - knee)
-            return torch.where(hz <= knee, hz / a, above).clamp(hz[0], top)
-        knots = self.jitter_knots(top.item()).to(hz)
+        knots = hz.new_zeros(0) if jitters is None else self.jitter_knots.to(hz)
+        jitters = hz.new_ones(len(a), 0) if jitters is None else jitters
         zero, end = hz.new_zeros(len(a), 1), top.expand(len(a), 1)
-        # the same map, but knot k goes to a * j_k * f_k; sorted apart, as a monotone map must be, should two cross
+        # knot k goes to a * j_k * f_k; sorted apart, as a monotone map must be, should two cross
         inputs = torch.cat([zero, knots.expand(len(a), -1), knee / a, end], 1).sort(1).values
         outputs = torch.cat([zero, knots * a * jitters, knee, end], 1).sort(1).values
         queries = hz.expand(len(a), -1).contiguous()
@@ -275,8 +275,8 @@ class SpecAugment(nn.Module):
             factors = 1.0 + self.freq_warp * (2 * torch.rand(feats.shape[0], device=feats.device) - 1)
             jitters = None
             if self.freq_warp_jitter:
-                knots = len(self.jitter_knots(self.bin_hz[-1].item()))
-                jitters = 1.0 + self.freq_warp_jitter * (2 * torch.rand(feats.shape[0], knots, device=feats.device) - 1)
+                draws = torch.rand(feats.shape[0], len(self.jitter_knots), device=feats.device)
+                jitters = 1.0 + self.freq_warp_jitter * (2 * draws - 1)
             feats = self.warp(feats, factors, jitters)
         x = feats.transpose(1, 2).unsqueeze(1)  # (B, 1, F, T): torchaudio's (..., freq, time)
         for _ in range(self.freq_masks):

@@ -20,6 +20,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 import soundfile
@@ -31,6 +32,7 @@ from torch import nn
 SAMPLE_RATES = (8000, 16000)  # the rates the presets are made for; others work too
 HOP_SECONDS = 0.010  # 10 ms between feature frames, both presets
 LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
+FeatureNorm = Literal["bin", "shared"]  # FeatureConfig.norm: how normalise scales each utterance's features
 
 
 class AudioError(ValueError):
@@ -103,9 +105,10 @@ class FeatureConfig:
     kind: str = "mel"  # "mel" (log-mel) or "linear" (log power spectrogram)
     win_seconds: float = 0.025  # analysis window length; n_fft = window in samples
     n_mels: int = 80  # only for kind="mel"
+    norm: FeatureNorm = "bin"  # see normalise: "bin" (each bin's own variance) or "shared" (one variance over all bins)
 
     @staticmethod
-    def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels) -> "FeatureConfig":
+    def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels, norm: FeatureNorm = norm) -> "FeatureConfig":
         """The 8 kHz (linear, 20 ms) or 16 kHz (mel, 25 ms) preset; ``kind`` overrides the type."""
         if kind == "auto":
             kind = "linear" if sample_rate <= 8000 else "mel"
@@ -113,8 +116,10 @@ class FeatureConfig:
             raise ValueError(f"features must be 'auto', 'mel' or 'linear', got {kind!r}")
         if n_mels < 1:
             raise ValueError(f"n_mels must be >= 1, got {n_mels}")
+        if norm not in get_args(FeatureNorm):
+            raise ValueError(f"feature normalisation must be one of {get_args(FeatureNorm)}, got {norm!r}")
         win = 0.025 if kind == "mel" else 0.020
-        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels)
+        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels, norm=norm)
 
     @property
     def win_length(self) -> int:
@@ -186,15 +191,22 @@ class FeatureExtractor(nn.Module):
             frame_lengths = num_frames(lengths, cfg.sample_rate)
             if not torch.compiler.is_exporting():  # a tensor's value: torch.export (asr.export) cannot keep it
                 feats = feats[:, : int(frame_lengths.max())]  # (B, T, F); wider only if padded past the longest
-            return normalise(feats, frame_lengths), frame_lengths
+            return normalise(feats, frame_lengths, shared=cfg.norm == "shared"), frame_lengths
 
 
-def normalise(feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Per utterance and bin: zero mean, unit variance over the first ``lengths`` frames; padding -> 0."""
+def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False) -> torch.Tensor:
+    """Per utterance: each bin to zero mean over the first ``lengths`` frames, then to unit variance, each bin
+    by its own or, ``shared``, all bins by their mean variance; padding -> 0.
+
+    Shared keeps the bins' relative scale: a band with no signal (above 4 kHz in 8 kHz audio resampled to
+    16 kHz) stays near 0, where a bin's own variance would blow its residue up to the scale of speech.
+    """
     mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
     count = lengths.clamp(min=1).to(feats.dtype)[:, None, None]  # (B, 1, 1)
     mean = (feats * mask).sum(1, keepdim=True) / count
-    var = ((feats - mean).pow(2) * mask).sum(1, keepdim=True) / count
+    var = ((feats - mean).pow(2) * mask).sum(1, keepdim=True) / count  # (B, 1, F)
+    if shared:
+        var = var.mean(2, keepdim=True)  # (B, 1, 1)
     return (feats - mean) / (var + 1e-5).sqrt() * mask
 
 

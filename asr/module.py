@@ -32,7 +32,7 @@ from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_warn
 
-from asr.audio import FeatureConfig, SpecAugment
+from asr.audio import FeatureConfig, FeatureNorm, SpecAugment
 from asr.data import Batch
 from asr.decoding import greedy
 from asr.model import CTCModel, EncoderConfig
@@ -50,6 +50,7 @@ class ASRModule(pl.LightningModule):
         sample_rate: int = FeatureConfig.sample_rate,
         features: Literal["auto", "mel", "linear"] = "auto",
         n_mels: int = FeatureConfig.n_mels,
+        feature_norm: FeatureNorm = FeatureConfig.norm,
         d_model: int = EncoderConfig.d_model,
         n_heads: int = EncoderConfig.n_heads,
         n_layers: int = EncoderConfig.n_layers,
@@ -83,6 +84,8 @@ class ASRModule(pl.LightningModule):
             sample_rate: Hz, linked from data.sample_rate; picks the feature preset.
             features: "auto" (8 kHz: 81-bin linear, 16 kHz: log-mel), or force "mel" / "linear".
             n_mels: mel filters (feature bins) of the log-mel features; unused by linear ones.
+            feature_norm: each utterance's features get zero mean per bin, then unit variance per bin ("bin") or one
+                variance over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat).
             d_model: encoder width.
             n_heads: attention heads; must divide d_model.
             n_layers: encoder blocks.
@@ -123,7 +126,7 @@ class ASRModule(pl.LightningModule):
             raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
-        feature_config = FeatureConfig.preset(sample_rate, features, n_mels)
+        feature_config = FeatureConfig.preset(sample_rate, features, n_mels, feature_norm)
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,

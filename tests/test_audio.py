@@ -7,8 +7,8 @@ import torchaudio.functional as AF
 from asr.audio import AudioError, FeatureConfig, FeatureExtractor, SpecAugment, fast_fft_length, load_audio, resample
 
 
-def features(sample_rate: int, kind: str = "auto") -> FeatureExtractor:
-    return FeatureExtractor(FeatureConfig.preset(sample_rate, kind))
+def features(sample_rate: int, kind: str = "auto", norm: str = "bin") -> FeatureExtractor:
+    return FeatureExtractor(FeatureConfig.preset(sample_rate, kind, norm=norm))
 
 
 def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
@@ -103,6 +103,8 @@ def test_unknown_feature_kind_or_no_mel_filter_is_refused():
         FeatureConfig.preset(16000, "mfcc")
     with pytest.raises(ValueError, match="n_mels must be >= 1, got 0"):
         FeatureConfig.preset(16000, "mel", 0)
+    with pytest.raises(ValueError, match="'global'"):
+        FeatureConfig.preset(16000, norm="global")
 
 
 @pytest.mark.parametrize("sample_rate", [8000, 16000])
@@ -161,6 +163,34 @@ def test_features_are_normalised_per_bin_over_valid_frames(waveforms):
     valid = feats[1, : frames[1]]  # (T, F)
     torch.testing.assert_close(valid.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
     torch.testing.assert_close(valid.std(0, unbiased=False), torch.ones(80), atol=1e-2, rtol=0)
+
+
+def test_shared_normalisation_scales_all_bins_by_one_variance(waveforms):
+    audio, lengths = waveforms(1.0, 0.55)
+    own, frames = features(16000)(audio, lengths)
+    shared, _ = features(16000, norm="shared")(audio, lengths)
+    valid = shared[1, : frames[1]]  # (T, F)
+    torch.testing.assert_close(valid.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
+    torch.testing.assert_close(valid.var(0, unbiased=False).mean(), torch.tensor(1.0), atol=1e-3, rtol=0)
+    # the same features up to one scale per utterance
+    ratio = shared[1, : frames[1]] / own[1, : frames[1]]
+    assert ratio.std(0).max() < 1e-3
+
+
+def test_shared_normalisation_keeps_an_empty_band_flat_where_per_bin_blows_it_up():
+    """Telephone audio (8 kHz, speech below 3.4 kHz over a line's noise floor) transcribed by a 16 kHz model:
+    above 6.5 kHz only the resamplers' faint residue is left."""
+    generator, rate = torch.Generator().manual_seed(0), 6800
+    bursts = (torch.arange(2 * rate) * 2.5 / rate).floor() % 2 == 0  # 0.2 s on, 0.2 s off
+    line = 0.1 * torch.randn(2 * rate, generator=generator) * bursts + 1e-3 * torch.randn(2 * rate, generator=generator)
+    wide = resample(resample(line[None], rate, 8000), 8000, 16000)
+    hz = FeatureConfig.preset(16000).bin_hz()
+    band, top = hz < 3400, hz > 6500
+    for norm, low, high in (("bin", 0.99, 1.01), ("shared", 0.0, 0.3)):
+        feats, _ = features(16000, norm=norm)(wide, torch.tensor([wide.shape[1]]))
+        spread = feats[0].std(0, unbiased=False)  # (F,)
+        assert spread[band].min() > 0.99, (norm, spread)  # the band with speech: unit scale either way
+        assert low <= spread[top].min() and spread[top].max() <= high, (norm, spread)
 
 
 def test_features_stay_fp32_under_bf16_autocast(waveforms):

@@ -174,6 +174,14 @@ def tone_file(tmp_path, char_tokenizer):
     return make
 
 
+def save_checkpoint(module, path: Path, **entries) -> Path:
+    """Write ``module`` (an ASRModule) as a checkpoint that asr.fit could have written: weights, hyper-parameters
+    and tokenizer; ``entries`` add keys or replace these."""
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "tokenizer": module.tokenizer.serialized} | entries, path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny untrained ASRModule checkpoint (char tokenizer, local attention), as asr.fit writes it."""
@@ -183,10 +191,7 @@ def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     module = ASRModule(tokenizer=tokenizer, d_model=32, n_heads=2, n_layers=1, ff_mult=2, dropout=0.0,
                        attention_window=4)
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "tokenizer": tokenizer.serialized}, path)
-    return path
+    return save_checkpoint(module, tmp_path_factory.mktemp("ckpt") / "tiny.ckpt")
 
 
 @pytest.fixture

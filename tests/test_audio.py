@@ -172,7 +172,7 @@ def test_shared_normalisation_scales_all_bins_by_one_variance(waveforms):
     valid = shared[1, : frames[1]]  # (T, F)
     torch.testing.assert_close(valid.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
     torch.testing.assert_close(valid.var(0, unbiased=False).mean(), torch.tensor(1.0), atol=1e-3, rtol=0)
-    # the same features up to one scale per utterance
+    # the same features, each bin scaled by one factor over all its frames
     ratio = shared[1, : frames[1]] / own[1, : frames[1]]
     assert ratio.std(0).max() < 1e-3
 

@@ -10,6 +10,7 @@ import torch
 from asr.average import AverageError, average, main
 from asr.module import ASRModule
 from asr.tokenizer import Tokenizer
+from tests.conftest import save_checkpoint
 
 
 def write_checkpoint(path: Path, tokenizer: Tokenizer, seed: int = 0, step: int = 0, extra_state: dict | None = None,
@@ -18,10 +19,8 @@ def write_checkpoint(path: Path, tokenizer: Tokenizer, seed: int = 0, step: int 
     torch.manual_seed(seed)
     settings = dict(d_model=32, n_heads=4, n_layers=2, dropout=0.0, spec_augment=False) | hparams
     module = ASRModule(tokenizer=tokenizer, **settings)
-    torch.save({"state_dict": module.state_dict() | (extra_state or {}), "hyper_parameters": dict(module.hparams),
-                "tokenizer": tokenizer.serialized, "epoch": step, "global_step": step,
-                "optimizer_states": [{"state": {}, "param_groups": []}], "lr_schedulers": [{}]}, path)
-    return path
+    return save_checkpoint(module, path, state_dict=module.state_dict() | (extra_state or {}), epoch=step,
+                           global_step=step, optimizer_states=[{"state": {}, "param_groups": []}], lr_schedulers=[{}])
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:

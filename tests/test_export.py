@@ -17,6 +17,7 @@ import torch
 from asr import export
 from asr.decoding import greedy
 from asr.module import ASRModule
+from tests.conftest import save_checkpoint
 
 # Batches unlike the traced example (2 utterances of 1.0 and 0.6 s): 1 to 5 utterances, 0.02 to 2.3 s.
 BATCHES = [(0.7,), (2.3, 0.2, 1.3), (0.5, 0.5, 0.02, 1.9, 0.8)]
@@ -26,10 +27,7 @@ def write_checkpoint(path: Path, tokenizer, seed: int = 0, **hparams) -> Path:
     """A tiny randomly initialised checkpoint: its transcripts are arbitrary but deterministic."""
     torch.manual_seed(seed)
     settings = dict(d_model=32, n_heads=4, n_layers=2, ff_mult=2, dropout=0.1) | hparams
-    module = ASRModule(tokenizer=tokenizer, **settings)
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "tokenizer": tokenizer.serialized}, path)
-    return path
+    return save_checkpoint(ASRModule(tokenizer=tokenizer, **settings), path)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from asr.data import Batch
 from asr.module import ASRModule, WarmupCosine, ctc_loss, error_counts
+from tests.conftest import save_checkpoint
 
 
 def module(tokenizer, **kwargs) -> ASRModule:
@@ -103,10 +104,7 @@ def test_module_without_tokenizer_is_refused_with_the_link_named():
 @pytest.mark.parametrize("n_mels, feature_norm", [(80, "bin"), (40, "bin"), (80, "shared")])
 def test_checkpoint_round_trip_gives_the_same_transcripts(n_mels, feature_norm, char_tokenizer, waveforms, tmp_path):
     original = module(char_tokenizer, n_mels=n_mels, feature_norm=feature_norm).eval()
-    checkpoint = {"state_dict": original.state_dict(), "hyper_parameters": dict(original.hparams),
-                  "tokenizer": char_tokenizer.serialized}
-    torch.save(checkpoint, tmp_path / "m.ckpt")
-    loaded = ASRModule.from_checkpoint(tmp_path / "m.ckpt")
+    loaded = ASRModule.from_checkpoint(save_checkpoint(original, tmp_path / "m.ckpt"))
     assert loaded.model.features.config.n_feats == loaded.model.cfg.n_feats == n_mels
     assert loaded.model.features.config.norm == feature_norm
     audio, lengths = waveforms(1.0, 0.7)
@@ -120,9 +118,7 @@ def test_a_checkpoint_from_before_a_setting_existed_loads_with_the_value_it_was_
     ASRModule's default, whatever configs/default.yaml now sets."""
     original = module(char_tokenizer).eval()
     hyper_parameters = {k: v for k, v in original.hparams.items() if k != "feature_norm"}
-    torch.save({"state_dict": original.state_dict(), "hyper_parameters": hyper_parameters,
-                "tokenizer": char_tokenizer.serialized}, tmp_path / "old.ckpt")
-    loaded = ASRModule.from_checkpoint(tmp_path / "old.ckpt")
+    loaded = ASRModule.from_checkpoint(save_checkpoint(original, tmp_path / "old.ckpt", hyper_parameters=hyper_parameters))
     assert loaded.model.features.config.norm == "bin"
     audio, lengths = waveforms(1.0, 0.7)
     torch.testing.assert_close(loaded(audio, lengths)[0], original(audio, lengths)[0])

@@ -1,9 +1,11 @@
-"""Make the held-out other-voice set: the bundled corpus' domain, spoken by voices it never hears.
+"""Make the held-out other-voice set, or the other-voice development set: the bundled corpus' domain,
+spoken by voices it never hears.
 
 Usage:
 
-    # the committed set; the defaults reproduce data/heldout exactly
+    # the committed sets; the defaults reproduce data/heldout and data/devother exactly
     python scripts/make_heldout.py --out data/heldout --overwrite
+    python scripts/make_heldout.py --set dev --out data/devother --overwrite
 
     # judge a checkpoint on it (it reports WER, since the manifests hold the text)
     python -m asr.transcribe --checkpoint CKPT data/heldout/16k.jsonl
@@ -15,19 +17,25 @@ out), and the espeak-ng variants make_corpus.HELDOUT_VARIANTS. Transcripts come 
 templates of make_corpus.py, drawn only from the test share of its sentence partition, so no
 training sentence is among them.
 
+--set dev: festival's Indian voices (accents.DEV_VOICES: one speaker's diphones read through the
+Hindi, Marathi and Telugu front ends), which neither data/mini nor the held-out set hears, on the dev
+share of the partition; settings meant to carry over to other voices are chosen on it, so that the
+held-out set only judges.
+
 Output: OUT/16k.jsonl with OUT/audio/16k/<id>.flac (16 kHz), and OUT/8k.jsonl with
 OUT/audio/8k/<id>.flac, the same utterances through a telephone channel (300-3400 Hz band,
 8-bit mu-law, 8 kHz; stored as 16-bit FLAC). Same manifest fields as make_corpus.py.
 Deterministic from --seed (the seed of the corpus whose training sentences it avoids).
 
 Needs: apt-get install espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k
-festvox-us-slt-hts sox
+festvox-us-slt-hts sox (--set dev: festvox-hi-nsk festvox-mr-nsk festvox-te-nsk)
 """
 import argparse
 import os
 import random
 from pathlib import Path
 
+import accents
 import make_corpus as mc
 import synthesizers as tts
 
@@ -37,6 +45,9 @@ FLITE_VOICES = ("kal16", "slt")
 # Shares of the set: festival, flite, the rest espeak-ng's held-out variants.
 SHARES = {"festival": 0.45, "flite": 0.2}
 DEFAULT_COUNT = 150
+# The other-voice development set (--set dev): voices that neither data/mini nor the held-out set hears,
+# so settings meant to carry over to other voices are chosen on it, and the held-out set only judges.
+DEV_VOICES = tuple(accents.DEV_VOICES)
 
 
 def pick_voice(rng):
@@ -49,11 +60,21 @@ def pick_voice(rng):
     return "espeak-ng", mc.espeak_voice(rng, mc.HELDOUT_VARIANTS)
 
 
-def plan(seed, count):
-    """``count`` distinct test-share sentences, each with its voice and speaking parameters."""
-    rng = random.Random(f"heldout {seed}")  # another stream than the corpus' own draws
-    texts = mc.distinct_sentences(rng, seed, "test", count)
-    return [mc.utterance(rng, "16k", index, text, *pick_voice(rng), 16000)
+def pick_dev_voice(rng):
+    """(synth, speaker) of one utterance of the other-voice development set."""
+    return "festival", rng.choice(DEV_VOICES)
+
+
+# --set: (the stream its draws come from, the share of the sentence partition its texts come from, its voices)
+SETS = {"heldout": ("heldout", "test", pick_voice), "dev": ("devother", "dev", pick_dev_voice)}
+
+
+def plan(seed, count, which="heldout"):
+    """``count`` distinct sentences of the set's share, each with its voice and speaking parameters."""
+    stream, share, pick = SETS[which]
+    rng = random.Random(f"{stream} {seed}")  # another stream than the corpus' own draws
+    texts = mc.distinct_sentences(rng, seed, share, count)
+    return [mc.utterance(rng, "16k", index, text, *pick(rng), 16000)
             for index, text in enumerate(texts)]
 
 
@@ -66,7 +87,28 @@ def make_one(job):
             ("8k", mc.write_flac(out, "8k", u, narrow, 8000))]
 
 
-def write_readme(out, command, records):
+def write_readme(out, command, records, which):
+    if which == "dev":
+        text = f"""# Other-voice development set
+
+The bundled corpus' domain spoken by voices that neither data/mini nor data/heldout hears: festival's
+{", ".join(DEV_VOICES)} (one Indian speaker's diphones, each reading the English words in its
+language's spelling, scripts/accents.py). Choose settings meant to carry over to voices never heard on
+this set, so that data/heldout stays untouched by tuning:
+
+    python -m asr.transcribe --checkpoint CKPT data/devother/16k.jsonl
+    python -m asr.transcribe --checkpoint CKPT data/devother/8k.jsonl
+
+Made by `scripts/make_heldout.py --set dev` (festival, sox); regenerate it byte for byte with `{command}`
+
+{mc.split_table(records)}
+
+Transcripts are drawn from the dev share of make_corpus.py's sentence partition, so none is a training
+sentence or a held-out one. `8k.jsonl` holds the same utterances through the held-out set's telephone
+channel (300-3400 Hz, 8-bit mu-law, 8 kHz), stored as 16-bit FLAC.
+"""
+        (out / "README.md").write_text(text, encoding="utf-8")
+        return
     text = f"""# Held-out other-voice set
 
 The bundled corpus' domain (digit strings and commands, the templates of
@@ -96,6 +138,8 @@ Manifest fields as in data/mini (`synth`, `speaker`, `rate`, `pitch`, `amplitude
 def parse_args(argv):
     parser = argparse.ArgumentParser(description="Make the held-out other-voice set (see the module docstring).")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--set", dest="which", choices=tuple(SETS), default="heldout",
+                        help="heldout: the held-out set (the default); dev: the other-voice development set")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the corpus to stay disjoint from")
     parser.add_argument("--count", type=int, default=DEFAULT_COUNT, help=f"utterances (default {DEFAULT_COUNT})")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
@@ -108,8 +152,11 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    mc.check_tools(("espeak-ng", "flite", "festival"), FESTIVAL_VOICES)
-    utterances = plan(args.seed, args.count)
+    if args.which == "dev":
+        mc.check_tools(("festival",), DEV_VOICES)
+    else:
+        mc.check_tools(("espeak-ng", "flite", "festival"), FESTIVAL_VOICES)
+    utterances = plan(args.seed, args.count, args.which)
     mc.prepare_out(args.out, args.overwrite, SPLITS)
     try:
         records = mc.write_corpus(utterances, args.out, args.workers, SPLITS, make_one)
@@ -117,7 +164,8 @@ def main(argv=None):
         mc.die(str(err))
     flags = ([f"--count {args.count}"] if args.count != DEFAULT_COUNT else []) + [f"--out {args.out}"]
     flags += [f"--seed {args.seed}"] if args.seed else []
-    write_readme(args.out, " ".join(["python scripts/make_heldout.py"] + flags + ["--overwrite"]), records)
+    flags = (["--set dev"] if args.which == "dev" else []) + flags
+    write_readme(args.out, " ".join(["python scripts/make_heldout.py"] + flags + ["--overwrite"]), records, args.which)
     for split in SPLITS:
         print(f"{split}: {len(records[split])} utterances, {sum(r['duration'] for r in records[split]):.1f} s")
     print(f"{args.out}: {mc.corpus_bytes(args.out) / 1e6:.2f} MB")

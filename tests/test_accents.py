@@ -17,6 +17,8 @@ def test_festivals_voices_of_other_languages_spell_every_word_of_the_mini_domain
     domain = set(corpus.DIGITS + corpus.COMMANDS)
     assert set(accents.WORDS) == domain
     assert not set(corpus.FESTIVAL_VOICES) & set(make_heldout.FESTIVAL_VOICES)  # the held-out voices stay unheard
+    assert not set(corpus.FESTIVAL_VOICES) & set(make_heldout.DEV_VOICES)  # so do the other-voice dev set's
+    assert accents.spoken("telugu_NSK_diphone", "go left") == "గో లెఫ్ట్".encode()
     assert accents.spoken("czech_dita", "call five oh") == "kól fajv ou".encode("iso-8859-2")
     assert accents.spoken("msu_ru_nsh_clunits", "go left") == "гоу лефт".encode()
     assert accents.spoken("kal_diphone", "call five oh") == b"call five oh"  # English voices read English

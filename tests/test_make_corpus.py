@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(
     not (shutil.which("espeak-ng") and shutil.which("flite") and shutil.which("sox")),
     reason="needs espeak-ng, flite and sox (apt-get install)"
 )
-MISSING_FESTIVAL = tts.missing_tools(("festival",), corpus.FESTIVAL_VOICES + make_heldout.FESTIVAL_VOICES)
+MISSING_FESTIVAL = tts.missing_tools(("festival",), corpus.FESTIVAL_VOICES + make_heldout.FESTIVAL_VOICES
+                                     + make_heldout.DEV_VOICES)
 needs_festival = pytest.mark.skipif(bool(MISSING_FESTIVAL),
                                     reason=f"needs apt-get install {' '.join(MISSING_FESTIVAL)}")
 
@@ -120,13 +121,25 @@ def test_bundled_heldout_set_shares_no_voice_and_no_transcript_with_bundled_trai
         assert {r["synth"] for r in heldout} >= {"festival", "flite", "espeak-ng"}
 
 
+def test_bundled_other_voice_dev_set_shares_no_voice_with_training_or_heldout_and_no_transcript_with_either():
+    train = manifest(REPO / "data" / "mini", "train")
+    for rate in ("16k", "8k"):
+        dev, heldout = manifest(REPO / "data" / "devother", rate), manifest(REPO / "data" / "heldout", rate)
+        assert voices(dev) == {f"festival/{v}" for v in make_heldout.DEV_VOICES}
+        assert not voices(dev) & (voices(train) | voices(heldout))
+        assert not {r["text"] for r in dev} & ({r["text"] for r in train} | {r["text"] for r in heldout})
+
+
 @needs_festival
-def test_heldout_set_is_byte_identical_for_a_seed_and_its_8k_copy_is_telephone_audio(tmp_path):
+@pytest.mark.parametrize("which", ["heldout", "dev"])
+def test_heldout_set_is_byte_identical_for_a_seed_and_its_8k_copy_is_telephone_audio(tmp_path, which):
     for name in ("a", "b"):
-        result = subprocess.run([sys.executable, str(HELDOUT), "--out", str(tmp_path / name), "--count", "8"],
-                                capture_output=True, text=True)
+        result = subprocess.run([sys.executable, str(HELDOUT), "--set", which, "--out", str(tmp_path / name),
+                                 "--count", "8"], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
     assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    bundled = manifest(REPO / "data" / ("devother" if which == "dev" else "heldout"), "16k")[:8]
+    assert [r["text"] for r in manifest(tmp_path / "a", "16k")] == [r["text"] for r in bundled]
     wide, narrow = manifest(tmp_path / "a", "16k"), manifest(tmp_path / "a", "8k")
     assert [r["text"] for r in wide] == [r["text"] for r in narrow] and len(wide) == 8
     for row, rate in ((wide[0], 16000), (narrow[0], 8000)):

@@ -24,7 +24,8 @@ DEV_VOICES = {
     "hindi_NSK_diphone": ("hi", "utf-8", "festvox-hi-nsk"), "marathi_NSK_diphone": ("mr", "utf-8", "festvox-mr-nsk"),
     "telugu_NSK_diphone": ("te", "utf-8", "festvox-te-nsk"),
 }
-PACKAGES = {voice: package for voice, (_, _, package) in (VOICES | DEV_VOICES).items()}  # scripts/synthesizers.py's install hint
+SPELT = VOICES | DEV_VOICES  # every voice that reads the English words in its language's spelling
+PACKAGES = {voice: package for voice, (_, _, package) in SPELT.items()}  # scripts/synthesizers.py's install hint
 WORDS = ("zero one two three four five six seven eight nine oh erase repeat stop start yes no help "
          "rubout cancel enter back number call dial left right up down go").split()
 # Each language's spelling of WORDS, in WORDS' order; an accent mark puts the English stress where the
@@ -55,9 +56,9 @@ LEXICONS = {language: dict(zip(WORDS, spelling.split(), strict=True)) for langua
 def spoken(voice, text):
     """The bytes to give festival's ``voice`` for the English ``text``: the text itself for an
     English voice, else each word in the voice's spelling (KeyError names a word it lacks)."""
-    if voice not in VOICES | DEV_VOICES:
+    if voice not in SPELT:
         return text.encode()
-    language, encoding, _ = (VOICES | DEV_VOICES)[voice]
+    language, encoding, _ = SPELT[voice]
     lexicon = LEXICONS[language]
     missing = [w for w in text.split() if w not in lexicon]
     if missing:

@@ -31,6 +31,7 @@ Needs: apt-get install espeak-ng flite festival festvox-kallpc16k festvox-kdlpc1
 festvox-us-slt-hts sox (--set dev: festvox-hi-nsk festvox-mr-nsk festvox-te-nsk)
 """
 import argparse
+import collections
 import os
 import random
 from pathlib import Path
@@ -65,16 +66,19 @@ def pick_dev_voice(rng):
     return "festival", rng.choice(DEV_VOICES)
 
 
-# --set: (the stream its draws come from, the share of the sentence partition its texts come from, its voices)
-SETS = {"heldout": ("heldout", "test", pick_voice), "dev": ("devother", "dev", pick_dev_voice)}
+# One --set: the random stream its draws come from, the share of the sentence partition its texts come from,
+# what picks each utterance's voice, and the synthesisers and festival voices that needs.
+VoiceSet = collections.namedtuple("VoiceSet", "stream share pick synths festival_voices")
+SETS = {"heldout": VoiceSet("heldout", "test", pick_voice, ("espeak-ng", "flite", "festival"), FESTIVAL_VOICES),
+        "dev": VoiceSet("devother", "dev", pick_dev_voice, ("festival",), DEV_VOICES)}
 
 
 def plan(seed, count, which="heldout"):
     """``count`` distinct sentences of the set's share, each with its voice and speaking parameters."""
-    stream, share, pick = SETS[which]
-    rng = random.Random(f"{stream} {seed}")  # another stream than the corpus' own draws
-    texts = mc.distinct_sentences(rng, seed, share, count)
-    return [mc.utterance(rng, "16k", index, text, *pick(rng), 16000)
+    chosen = SETS[which]
+    rng = random.Random(f"{chosen.stream} {seed}")  # another stream than the corpus' own draws
+    texts = mc.distinct_sentences(rng, seed, chosen.share, count)
+    return [mc.utterance(rng, "16k", index, text, *chosen.pick(rng), 16000)
             for index, text in enumerate(texts)]
 
 
@@ -152,19 +156,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.which == "dev":
-        mc.check_tools(("festival",), DEV_VOICES)
-    else:
-        mc.check_tools(("espeak-ng", "flite", "festival"), FESTIVAL_VOICES)
+    mc.check_tools(SETS[args.which].synths, SETS[args.which].festival_voices)
     utterances = plan(args.seed, args.count, args.which)
     mc.prepare_out(args.out, args.overwrite, SPLITS)
     try:
         records = mc.write_corpus(utterances, args.out, args.workers, SPLITS, make_one)
     except tts.SynthError as err:
         mc.die(str(err))
-    flags = ([f"--count {args.count}"] if args.count != DEFAULT_COUNT else []) + [f"--out {args.out}"]
-    flags += [f"--seed {args.seed}"] if args.seed else []
-    flags = (["--set dev"] if args.which == "dev" else []) + flags
+    flags = ["--set dev"] if args.which == "dev" else []
+    flags += [f"--count {args.count}"] if args.count != DEFAULT_COUNT else []
+    flags += [f"--out {args.out}"] + ([f"--seed {args.seed}"] if args.seed else [])
     write_readme(args.out, " ".join(["python scripts/make_heldout.py"] + flags + ["--overwrite"]), records, args.which)
     for split in SPLITS:
         print(f"{split}: {len(records[split])} utterances, {sum(r['duration'] for r in records[split]):.1f} s")

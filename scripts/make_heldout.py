@@ -46,6 +46,7 @@ FLITE_VOICES = ("kal16", "slt")
 # Shares of the set: festival, flite, the rest espeak-ng's held-out variants.
 SHARES = {"festival": 0.45, "flite": 0.2}
 DEFAULT_COUNT = 150
+DEFAULT_SET = "heldout"  # a key of SETS (below)
 # The other-voice development set (--set dev): voices that neither data/mini nor the held-out set hears,
 # so settings meant to carry over to other voices are chosen on it, and the held-out set only judges.
 DEV_VOICES = tuple(accents.DEV_VOICES)
@@ -66,14 +67,7 @@ def pick_dev_voice(rng):
     return "festival", rng.choice(DEV_VOICES)
 
 
-# One --set: the random stream its draws come from, the share of the sentence partition its texts come from,
-# what picks each utterance's voice, and the synthesisers and festival voices that needs.
-VoiceSet = collections.namedtuple("VoiceSet", "stream share pick synths festival_voices")
-SETS = {"heldout": VoiceSet("heldout", "test", pick_voice, ("espeak-ng", "flite", "festival"), FESTIVAL_VOICES),
-        "dev": VoiceSet("devother", "dev", pick_dev_voice, ("festival",), DEV_VOICES)}
-
-
-def plan(seed, count, which="heldout"):
+def plan(seed, count, which=DEFAULT_SET):
     """``count`` distinct sentences of the set's share, each with its voice and speaking parameters."""
     chosen = SETS[which]
     rng = random.Random(f"{chosen.stream} {seed}")  # another stream than the corpus' own draws
@@ -91,9 +85,9 @@ def make_one(job):
             ("8k", mc.write_flac(out, "8k", u, narrow, 8000))]
 
 
-def write_readme(out, command, records, which):
-    if which == "dev":
-        text = f"""# Other-voice development set
+def dev_readme(command, records):
+    """data/devother/README.md's text."""
+    return f"""# Other-voice development set
 
 The bundled corpus' domain spoken by voices that neither data/mini nor data/heldout hears: festival's
 {", ".join(DEV_VOICES)} (one Indian speaker's diphones, each reading the English words in its
@@ -111,9 +105,11 @@ Transcripts are drawn from the dev share of make_corpus.py's sentence partition,
 sentence or a held-out one. `8k.jsonl` holds the same utterances through the held-out set's telephone
 channel (300-3400 Hz, 8-bit mu-law, 8 kHz), stored as 16-bit FLAC.
 """
-        (out / "README.md").write_text(text, encoding="utf-8")
-        return
-    text = f"""# Held-out other-voice set
+
+
+def heldout_readme(command, records):
+    """data/heldout/README.md's text."""
+    return f"""# Held-out other-voice set
 
 The bundled corpus' domain (digit strings and commands, the templates of
 scripts/make_corpus.py) spoken by voices that no split of data/mini hears. **No tuning uses
@@ -136,13 +132,20 @@ the test share of make_corpus.py's sentence partition, so none is a training sen
 telephone channel (300-3400 Hz, 8-bit mu-law, 8 kHz) in `audio/8k/`, stored as 16-bit FLAC.
 Manifest fields as in data/mini (`synth`, `speaker`, `rate`, `pitch`, `amplitude`).
 """
-    (out / "README.md").write_text(text, encoding="utf-8")
+
+
+# One --set: the random stream its draws come from, the share of the sentence partition its texts come from,
+# what picks each utterance's voice, the synthesisers and festival voices that needs, and its README.
+VoiceSet = collections.namedtuple("VoiceSet", "stream share pick synths festival_voices readme")
+SETS = {"heldout": VoiceSet("heldout", "test", pick_voice, ("espeak-ng", "flite", "festival"), FESTIVAL_VOICES,
+                           heldout_readme),
+        "dev": VoiceSet("devother", "dev", pick_dev_voice, ("festival",), DEV_VOICES, dev_readme)}
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description="Make the held-out other-voice set (see the module docstring).")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--set", dest="which", choices=tuple(SETS), default="heldout",
+    parser.add_argument("--set", dest="which", choices=tuple(SETS), default=DEFAULT_SET,
                         help="heldout: the held-out set (the default); dev: the other-voice development set")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the corpus to stay disjoint from")
     parser.add_argument("--count", type=int, default=DEFAULT_COUNT, help=f"utterances (default {DEFAULT_COUNT})")
@@ -163,10 +166,11 @@ def main(argv=None):
         records = mc.write_corpus(utterances, args.out, args.workers, SPLITS, make_one)
     except tts.SynthError as err:
         mc.die(str(err))
-    flags = ["--set dev"] if args.which == "dev" else []
+    flags = [f"--set {args.which}"] if args.which != DEFAULT_SET else []
     flags += [f"--count {args.count}"] if args.count != DEFAULT_COUNT else []
     flags += [f"--out {args.out}"] + ([f"--seed {args.seed}"] if args.seed else [])
-    write_readme(args.out, " ".join(["python scripts/make_heldout.py"] + flags + ["--overwrite"]), records, args.which)
+    command = " ".join(["python scripts/make_heldout.py"] + flags + ["--overwrite"])
+    (args.out / "README.md").write_text(SETS[args.which].readme(command, records), encoding="utf-8")
     for split in SPLITS:
         print(f"{split}: {len(records[split])} utterances, {sum(r['duration'] for r in records[split]):.1f} s")
     print(f"{args.out}: {mc.corpus_bytes(args.out) / 1e6:.2f} MB")

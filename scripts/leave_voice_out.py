@@ -34,7 +34,6 @@ import soundfile as sf
 import synthesizers as tts
 
 SOURCE_SPLITS = ("train", "dev")  # test is the corpus' judge; a fold never reads it
-TELEPHONE_RATE = 8000
 OUTPUTS = ("train.jsonl", "dev.jsonl", "other16k.jsonl", "other8k.jsonl", "audio")
 
 
@@ -59,8 +58,9 @@ def read(manifest: Path) -> list[tuple[str, dict]]:
     return rows
 
 
-def voice(row: dict) -> str:
-    return f"{row.get('synth')}/{row.get('speaker')}"
+def voice(row: dict) -> str | None:
+    """``synth/speaker``, or None for a line that records neither."""
+    return f"{row['synth']}/{row['speaker']}" if "synth" in row and "speaker" in row else None
 
 
 def write(path: Path, rows: list[dict]) -> None:
@@ -73,7 +73,7 @@ def phone(where: str, row: dict, path: Path) -> dict:
         samples, rate = sf.read(row["audio_filepath"], dtype="int16")
         if samples.ndim > 1:  # sox reads one channel
             samples = samples.mean(axis=1).astype("int16")
-        sf.write(path, np.asarray(tts.telephone(samples, rate, row["audio_filepath"])), TELEPHONE_RATE)
+        sf.write(path, np.asarray(tts.telephone(samples, rate, row["audio_filepath"])), tts.TELEPHONE_RATE)
     except (sf.LibsndfileError, tts.SynthError, OSError) as err:
         die(f"{where}: {err}")
     return dict(row, audio_filepath=str(path.resolve()))
@@ -82,8 +82,8 @@ def phone(where: str, row: dict, path: Path) -> dict:
 def make_fold(corpus: Path, voices: set[str], out: Path, overwrite: bool = False) -> tuple[int, int]:
     """Write OUT's fold; (training lines kept, other-voice lines)."""
     splits = {split: read(corpus / f"{split}.jsonl") for split in SOURCE_SPLITS}
-    known = {voice(row) for rows in splits.values() for _, row in rows}
-    if known <= {"None/None"}:
+    known = {voice(row) for rows in splits.values() for _, row in rows} - {None}
+    if not known:
         die(f"{corpus}: its manifests record no synth and speaker, so no voice can be left out")
     if unknown := sorted(voices - known):
         die(f"--voice {', '.join(unknown)}: not a voice of {corpus} (synth/speaker, e.g. {min(known)})")

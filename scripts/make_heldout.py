@@ -82,7 +82,7 @@ def make_one(job):
     wide = mc.synthesise(u)
     narrow = tts.telephone(wide, u.sample_rate, f"{u.uid} ({u.text!r})")
     return [("16k", mc.write_flac(out, "16k", u, wide, 16000)),
-            ("8k", mc.write_flac(out, "8k", u, narrow, 8000))]
+            ("8k", mc.write_flac(out, "8k", u, narrow, tts.TELEPHONE_RATE))]
 
 
 def dev_readme(command, records):

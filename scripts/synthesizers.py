@@ -21,6 +21,7 @@ import accents
 PACKAGES = {"espeak-ng": "espeak-ng", "flite": "flite", "festival": "festival", "sox": "sox",
             "kal_diphone": "festvox-kallpc16k", "ked_diphone": "festvox-kdlpc16k",
             "cmu_us_slt_arctic_hts": "festvox-us-slt-hts", **accents.PACKAGES}
+TELEPHONE_RATE = 8000  # Hz: the sample rate of telephone(), the 8 kHz channel
 ESPEAK_WPM = 175  # espeak-ng's default rate: other synthesisers stretch durations by ESPEAK_WPM / rate
 
 
@@ -93,7 +94,7 @@ def speak(synth, voice, text, rate, pitch, amplitude, sample_rate, what):
 def telephone(samples, sample_rate, what):
     """int16 samples -> the 8 kHz telephone channel: 300-3400 Hz band, 8-bit mu-law, int16 out."""
     wav_in = ["-t", "raw", "-e", "signed-integer", "-b", "16", "-c", "1", "-r", str(sample_rate)]
-    mulaw = ["-t", "raw", "-e", "mu-law", "-b", "8", "-c", "1", "-r", "8000"]
+    mulaw = ["-t", "raw", "-e", "mu-law", "-b", "8", "-c", "1", "-r", str(TELEPHONE_RATE)]
     coded = run(["sox", "-D"] + wav_in + ["-"] + mulaw + ["-", "sinc", "300-3400"],
                 samples.astype("<i2").tobytes(), what)
     raw = run(["sox", "-D"] + mulaw + ["-", "-t", "raw", "-e", "signed-integer", "-b", "16", "-"],

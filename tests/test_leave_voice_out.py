@@ -55,7 +55,7 @@ def test_a_fold_trains_without_the_voice_and_scores_on_its_train_and_dev_lines(t
     for row, call in zip(phoned, other):
         audio, rate = sf.read(row["audio_filepath"])
         original, _ = sf.read(call["audio_filepath"])
-        assert rate == lvo.TELEPHONE_RATE and abs(len(audio) - len(original) / 2) < 50
+        assert rate == lvo.tts.TELEPHONE_RATE and abs(len(audio) - len(original) / 2) < 50
         assert Path(row["audio_filepath"]).parent == fold / "audio" / "8k"
     for name in ("train", "dev", "other16k", "other8k"):  # absolute paths: the manifests work from any folder
         assert all(Path(row["audio_filepath"]).is_absolute() for row in lines(fold / f"{name}.jsonl"))
@@ -93,3 +93,8 @@ def test_bad_input_is_named_and_leaves_no_fold(tmp_path):
     with pytest.raises(SystemExit, match=r"dev\.jsonl:4: .*003\.flac"):
         lvo.make_fold(source, {"flite/rms"}, fold)
     assert not any(fold.glob("*.jsonl"))  # no manifest of a fold that could not be finished
+    for split in ("train", "dev"):  # manifests that record no voice at all, as users' own often do
+        rows = [{k: v for k, v in row.items() if k not in ("synth", "speaker")} for row in lines(source / f"{split}.jsonl")]
+        (source / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(SystemExit, match=r"mini: its manifests record no synth and speaker"):
+        lvo.make_fold(source, {"flite/rms"}, fold)

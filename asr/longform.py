@@ -36,6 +36,7 @@ import torch
 
 from asr.audio import AudioError, check_finite, read_mono, resample
 from asr.manifest import Utterance
+from asr.result import hops_per_frame, loudness
 from asr.tokenizer import BLANK_ID
 
 
@@ -65,13 +66,16 @@ def read_chunk(f: soundfile.SoundFile, first: int, count: int, base: int, sample
 
 
 def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float, batch_chunks: int,
-             on_progress: Callable[[float], None] = lambda seconds: None) -> Iterator[torch.Tensor]:
-    """The utterance's log-probs (T', V) as consecutive pieces, one per chunk (see the module docstring).
+             on_progress: Callable[[float], None] = lambda seconds: None
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The utterance's log-probs (T', V) as consecutive pieces, one per chunk (see the module docstring),
+    each with the loudness of its frames' audio (asr.result.loudness: hops_per_frame values per frame).
 
     ``model`` is an acoustic model (asr.acoustic.AcousticModel); ``batch_chunks`` chunks run per call.
     ``on_progress(seconds)`` is called with the audio seconds of each batch once it is done.
     """
     rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
+    hops = hops_per_frame(model.frame_seconds)
     chunk, overlap = round(chunk_seconds / model.frame_seconds), round(overlap_seconds / model.frame_seconds)
     try:
         f = soundfile.SoundFile(str(utt.audio_filepath))
@@ -100,7 +104,8 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
                     raise ValueError(f"{utt.source}: the model gave {end - start} frames for a chunk of {chunk}: "
                                      "its frame_seconds does not match its output")
                 meet = end if following is None else (following + end) // 2  # the middle of the overlap
-                yield log_probs[i, kept_from - start: meet - start]
+                levels = loudness(audio[i], rate, model.frame_seconds)[(kept_from - start) * hops: (meet - start) * hops]
+                yield log_probs[i, kept_from - start: meet - start], levels
                 kept_from = meet
             on_progress((kept_from - done) * model.frame_seconds)
 

@@ -4,21 +4,37 @@ Word timings come from CTC forced alignment (``torchaudio.functional.forced_alig
 decoded token ids against the model's log-probabilities: each token gets the encoder frames
 its path occupies. Sentencepiece marks the first piece of a word with "▁", so a word is a
 run of tokens starting with such a piece. Times are seconds from the start of the audio
-read (a manifest line's ``offset`` is not added): ``start = first frame * frame_seconds``,
-``end = (last frame + 1) * frame_seconds``, clipped to the duration. CTC emits a token on
-one or a few frames (a "spike"), so ``start`` and ``end`` bracket the spikes, not the
-acoustic onset and release: expect them to lag the sound by up to a few frames.
+read (a manifest line's ``offset`` is not added), clipped to the duration.
+
+CTC emits a token on one or a few frames (a "spike"), anywhere the model likes within its
+receptive field: a word's spikes span one 40 ms frame of a 400 ms word, and a model that sees
+far (a Conformer) may spike in the silence before the word. So the spikes only say which
+stretch of speech is the word; its times come from the audio (``snap_to_speech``): speech is
+where the loudness (``loudness``, 10 ms hops) rises well above the recording's quiet hops
+(``speech_mask``), and a word takes the start and end of the speech its spikes mark, never
+crossing its neighbours. Audio without quiet stretches (loud and quiet hops less than
+MIN_RANGE_DB apart: noise throughout) keeps the spike times, ``start = first frame *
+frame_seconds`` and ``end = (last frame + 1) * frame_seconds``. Against words of known times
+(scripts/bench_word_times.py; docs/benchmarks.md, "word times from the audio") the default
+model's ends were 0.42 s early on the spikes, 0.05 s off (mean) on the audio.
 ``confidence`` is the mean posterior of the word's aligned frames, in [0, 1].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import dataclass, field, replace
 
 import torch
 import torchaudio.functional as AF
 
 from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
+
+HOP_SECONDS = 0.01  # loudness resolution of word times
+MIN_RANGE_DB = 15.0  # loudest and quietest hops (99th, 10th percentile) closer than this: no silence to find
+EARLY_SECONDS = 0.08  # a spike may come this long before the speech it stands for (a Conformer's come one frame early)
+SHARE_SECONDS = 0.3  # a word without speech whose spikes end this close before the next speech shares it
+CLOSURE_SECONDS = 0.05  # a quiet stretch this short between loud ones is speech (the closure of a stop, "six")
 
 
 @dataclass(frozen=True)
@@ -81,8 +97,13 @@ def align(log_probs: torch.Tensor, ids: list[int], first_frame: int = 0) -> list
             for s in AF.merge_tokens(path[0], scores[0].exp(), blank=BLANK_ID)]
 
 
-def words_of(spans: list[Span], tokenizer: Tokenizer, frame_seconds: float, duration: float) -> list[Word]:
-    """Group token spans into words (a piece starting with "▁" starts one); times in seconds."""
+def words_of(spans: list[Span], tokenizer: Tokenizer, frame_seconds: float, duration: float,
+             levels: torch.Tensor | None = None) -> list[Word]:
+    """Group token spans into words (a piece starting with "▁" starts one); times in seconds.
+
+    ``levels``: the audio's ``loudness``, to snap the words to (``snap_to_speech``); None keeps
+    the spike times.
+    """
     groups: list[list[Span]] = []
     for span in spans:
         if not groups or tokenizer.sp.id_to_piece(span.token).startswith(WORD_START):
@@ -97,6 +118,95 @@ def words_of(spans: list[Span], tokenizer: Tokenizer, frame_seconds: float, dura
         group = [s for s in group if tokenizer.sp.id_to_piece(s.token) != WORD_START] or group
         frames = sum(s.end - s.start for s in group)
         confidence = sum(s.score * (s.end - s.start) for s in group) / frames
-        start, end = group[0].start * frame_seconds, group[-1].end * frame_seconds
-        words.append(Word(text, min(start, duration), min(end, duration), confidence))
-    return words
+        words.append(Word(text, group[0].start * frame_seconds, group[-1].end * frame_seconds, confidence))
+    if levels is not None:
+        words = snap_to_speech(words, levels, frame_seconds / hops_per_frame(frame_seconds))
+    return [replace(w, start=min(w.start, duration), end=min(w.end, duration)) for w in words]
+
+
+def hops_per_frame(frame_seconds: float) -> int:
+    """Loudness values per encoder frame: hops of about HOP_SECONDS."""
+    return max(1, round(frame_seconds / HOP_SECONDS))
+
+
+def loudness(samples: torch.Tensor, sample_rate: int, frame_seconds: float) -> torch.Tensor:
+    """dB of ``samples`` (n,) in ``hops_per_frame`` equal hops of each encoder frame (the last padded
+    with silence): (frames * hops,), hop h covering about [h, h + 1) * frame_seconds / hops."""
+    step, hops = round(frame_seconds * sample_rate), hops_per_frame(frame_seconds)
+    frames = -(-len(samples) // step)
+    x = torch.nn.functional.pad(samples.float(), (0, frames * step - len(samples))).view(frames, step)
+    x = x[:, : step // hops * hops].reshape(frames * hops, step // hops)
+    return 10 * torch.log10(x.pow(2).mean(-1) + 1e-10)
+
+
+def runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """[start, end) of each run of True."""
+    edges = [i for i in range(len(flags) + 1) if (i < len(flags) and flags[i]) != (i > 0 and flags[i - 1])]
+    return list(zip(edges[::2], edges[1::2]))
+
+
+def speech_mask(levels: torch.Tensor, hop_seconds: float) -> list[bool] | None:
+    """Which hops are speech: runs over a low threshold that reach a high one (hysteresis), with
+    quiet stretches up to CLOSURE_SECONDS inside speech filled; None when the loudest and quietest
+    hops are less than MIN_RANGE_DB apart. Thresholds are relative to the quiet hops' level, so
+    a recording's gain and steady noise move them with it."""
+    floor, peak = torch.quantile(levels, 0.1).item(), torch.quantile(levels, 0.99).item()
+    span = peak - floor
+    if span < MIN_RANGE_DB:
+        return None
+    low = (levels > floor + max(3.0, 0.1 * span)).tolist()
+    high = (levels > floor + max(6.0, 0.3 * span)).tolist()
+    mask = [False] * len(low)
+    for a, b in runs(low):
+        if any(high[a:b]):
+            mask[a:b] = [True] * (b - a)
+    for a, b in runs([not m for m in mask]):
+        if 0 < a and b < len(mask) and (b - a) * hop_seconds <= CLOSURE_SECONDS:
+            mask[a:b] = [True] * (b - a)
+    return mask
+
+
+def snap_to_speech(words: list[Word], levels: torch.Tensor, hop_seconds: float) -> list[Word]:
+    """``words`` (spike times) moved onto the speech around them (module docstring); ``levels``
+    are the audio's hops of ``hop_seconds``.
+
+    A word spans the stretches of speech its spikes fall in or precede by up to EARLY_SECONDS
+    or, if there are none, the nearest one, without crossing the previous word's end or the
+    next word's first spike. A word with no speech before the next word's spike, whose spikes end
+    at most SHARE_SECONDS before the next speech (a model that emitted a phrase early), shares the
+    next word's stretch, split by letters; any other word without speech keeps its times.
+    """
+    mask = speech_mask(levels, hop_seconds) if words else None
+    if mask is None:
+        return words
+    speech, n = runs(mask), len(mask)
+    early, share = round(EARLY_SECONDS / hop_seconds), round(SHARE_SECONDS / hop_seconds)
+    starts, ends = [a for a, _ in speech], [b for _, b in speech]
+
+    def hop(t: float) -> int:
+        return min(n, max(0, round(t / hop_seconds)))
+
+    snapped, waiting, lo = [], [], 0  # waiting: words sharing the next word's speech; lo: the previous word's end
+    for k, word in enumerate(words):
+        hi = hop(words[k + 1].start) if k + 1 < len(words) else n  # the next word's first spike
+        first, last = max(hop(word.start), lo), max(hop(word.end), hop(word.start) + 1)
+        following = speech[bisect.bisect_right(ends, lo):bisect.bisect_left(starts, hi)]
+        near = [(max(a, lo), min(b, hi)) for a, b in following]
+        hit = [(a, b) for a, b in near if a < last + early and first < b]
+        if not hit and near:
+            hit = [min(near, key=lambda r: max(r[0] - last, first - r[1]))]
+        if not hit:
+            after = bisect.bisect_right(ends, lo)
+            if k + 1 < len(words) and after < len(speech) and starts[after] - last <= share:
+                waiting.append(word)
+            else:
+                snapped += waiting + [word]
+                waiting, lo = [], max(lo, min(hop(word.end), hi))
+            continue
+        start, end = hit[0][0], hit[-1][1]
+        letters = [len(w.word) for w in waiting + [word]]
+        cuts = [start + round((end - start) * sum(letters[:i]) / sum(letters)) for i in range(len(letters) + 1)]
+        snapped += [replace(w, start=a * hop_seconds, end=max(b, a + 1) * hop_seconds)
+                    for w, a, b in zip(waiting + [word], cuts, cuts[1:])]
+        waiting, lo = [], end
+    return snapped

@@ -16,7 +16,8 @@ Python:
 Files up to ``--chunk_seconds`` long are batched by length (up to ``--max_batch_seconds``
 of padded audio); batching does not change any transcript. Longer files are read and run
 in overlapping chunks and decoded from the stitched frames in bounded memory (asr/longform.py).
-Word times and confidences come from CTC forced alignment (asr/result.py); the formats are in
+Word times come from CTC forced alignment snapped to the speech in the audio, confidences from
+the alignment (asr/result.py); the formats are in
 asr/formats.py, where results go (stdout, ``--output``, ``--output_dir``) in asr/output.py.
 
 Resuming (a folder of many hours that was interrupted: run the same command again):
@@ -63,7 +64,7 @@ from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched
 from asr.module import ASRModule
 from asr.output import Sink, open_sink
-from asr.result import Result, align, words_of
+from asr.result import Result, align, loudness, words_of
 from asr.sampler import BucketBatchSampler
 from asr.scoring import score, score_line
 from asr.tokenizer import Tokenizer
@@ -203,7 +204,8 @@ class Transcriber:
                 log_probs, lengths = self.model.log_probs(padded, torch.tensor([len(a) for a in audio.values()]))
                 hyps = self.decoder(log_probs, lengths)
                 for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist())):
-                    results[j] = self._result(utts[j], ids, align(log_probs[row, :n], ids))
+                    levels = loudness(audio[j], self.sample_rate, self.model.frame_seconds)
+                    results[j] = self._result(utts[j], ids, align(log_probs[row, :n], ids), levels)
             progress(sum(utts[j].duration for j in batch_indices))
         for j, i in enumerate(indices):
             yield i, results[j]
@@ -213,21 +215,30 @@ class Transcriber:
         """One utterance longer than chunk_seconds, in chunks (asr/longform.py); unreadable: a failed Result."""
         batch_chunks = max(1, int(self.max_batch_seconds // self.chunk_seconds))
         pieces = stitched(self.model, utt, self.chunk_seconds, self.overlap_seconds, batch_chunks, progress)
+        levels: list[torch.Tensor] = []  # the loudness of the pieces read: 0.4 kB per second of audio
         ids, spans = [], []
         try:
-            for first, log_probs in segments(pieces, round(self.chunk_seconds / self.model.frame_seconds)):
+            for first, log_probs in segments(heard(pieces, levels), round(self.chunk_seconds / self.model.frame_seconds)):
                 segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
                 ids += segment_ids
                 spans += align(log_probs, segment_ids, first)
         except AudioError as err:  # found mid-file: nothing of it is kept
             return failed(utt, str(err))
-        return self._result(utt, ids, spans)
+        return self._result(utt, ids, spans, torch.cat(levels))
 
-    def _result(self, utt: mf.Utterance, ids: list[int], spans) -> Result:
+    def _result(self, utt: mf.Utterance, ids: list[int], spans, levels: torch.Tensor) -> Result:
+        """``levels``: the utterance's loudness (asr.result), which its word times are snapped to."""
         tokenizer = self.model.tokenizer
         return Result(str(utt.audio_filepath), utt.duration, tokenizer.decode(ids),
-                      words_of(spans, tokenizer, self.model.frame_seconds, utt.duration),
+                      words_of(spans, tokenizer, self.model.frame_seconds, utt.duration, levels),
                       utt.text, utt.offset if utt.has_offset else None)
+
+
+def heard(pieces: Iterator[tuple[torch.Tensor, torch.Tensor]], levels: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The log-probs of asr.longform.stitched's (log-probs, loudness) pieces; their loudness goes to ``levels``."""
+    for log_probs, piece_levels in pieces:
+        levels.append(piece_levels)
+        yield log_probs
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

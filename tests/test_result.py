@@ -1,5 +1,6 @@
 """Word timings (asr/result.py): forced alignment puts each decoded token on the frames where the
-model emitted it, and words get times in seconds and confidences from their tokens' frames.
+model emitted it, and words get times in seconds and confidences from their tokens' frames;
+given the audio's loudness, the times move onto the speech around the spikes.
 
 The log-probs are built by hand: each token of the text spikes for SPIKE frames after GAP blank
 frames, with posterior CONFIDENCE, so every token's frames, and so every word's times, are known.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr.result import align, words_of
+from asr.result import Word, align, snap_to_speech, speech_mask, words_of
 from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
 
 SPIKE, GAP, CONFIDENCE = 2, 3, 0.9
@@ -58,3 +59,51 @@ def test_word_times_never_pass_the_end_of_the_audio(char_tokenizer):
     duration = 0.5  # the last spike ends at frame 25, 1.0 s
     words = words_of(align(log_probs, ids), char_tokenizer, FRAME_SECONDS, duration)
     assert words[0].word == "nine" and words[0].start <= words[0].end == duration
+
+
+def loud(*stretches: tuple[float, float], seconds: float = 3.0, hop: float = 0.01) -> torch.Tensor:
+    """Loudness (dB per hop): -60 dB of quiet, -10 dB in each (start, end) stretch of speech."""
+    levels = torch.full((round(seconds / hop),), -60.0)
+    for start, end in stretches:
+        levels[round(start / hop): round(end / hop)] = -10.0
+    return levels
+
+
+def test_words_take_the_speech_around_their_spikes_not_the_silence_they_spiked_in():
+    # a Conformer's spikes: the first word's at 0.00 s in the lead silence, the second's one frame before its onset
+    words = [Word("call", 0.0, 0.04, 0.9), Word("five", 0.76, 0.8, 0.9), Word("two", 1.52, 1.56, 0.9)]
+    levels = loud((0.25, 0.62), (0.8, 1.1), (1.5, 1.8))
+    snapped = snap_to_speech(words, levels, 0.01)
+    assert [(w.word, w.confidence) for w in snapped] == [(w.word, w.confidence) for w in words]
+    assert [t for w in snapped for t in (w.start, w.end)] == pytest.approx([0.25, 0.62, 0.8, 1.1, 1.5, 1.8])
+
+
+def test_a_word_spanning_a_pause_keeps_both_stretches_and_never_crosses_its_neighbours():
+    # "ty" spikes at 0.52 and 0.70 s (two pieces) over a 0.1 s pause, so both stretches are its; "two"
+    # follows it with no pause, so "ty" ends at "two"'s spike
+    words = [Word("seven", 0.3, 0.34, 0.9), Word("ty", 0.52, 0.74, 0.9), Word("two", 0.9, 0.94, 0.9)]
+    levels = loud((0.3, 0.42), (0.52, 0.6), (0.7, 1.2))
+    snapped = [t for w in snap_to_speech(words, levels, 0.01) for t in (w.start, w.end)]
+    assert snapped == pytest.approx([0.3, 0.42, 0.52, 0.9, 0.9, 1.2])
+
+
+def test_a_word_emitted_before_its_speech_shares_the_next_words_speech_by_letters():
+    # the Conformer's "enter number": "enter" at 0.00 s in the lead silence, "number" at the onset of "enter"
+    words = [Word("enter", 0.0, 0.04, 0.9), Word("number", 0.12, 0.16, 0.9)]
+    snapped = snap_to_speech(words, loud((0.12, 0.89)), 0.01)
+    assert [t for w in snapped for t in (w.start, w.end)] == pytest.approx([0.12, 0.47, 0.47, 0.89])
+    # a word far before any speech (an insertion in a long pause) keeps its times
+    far = [Word("oh", 0.2, 0.24, 0.5), Word("two", 1.5, 1.54, 0.9)]
+    assert snap_to_speech(far, loud((1.5, 1.8)), 0.01)[0] == far[0]
+
+
+def test_a_stop_closure_inside_speech_is_speech_and_a_longer_pause_is_not():
+    mask = speech_mask(loud((0.2, 0.5), (0.54, 0.8), (0.9, 1.2)), 0.01)
+    assert mask[52] and not mask[85] and not mask[10]
+
+
+def test_without_quiet_stretches_to_tell_apart_the_words_keep_their_spike_times():
+    words = [Word("call", 0.0, 0.04, 0.9), Word("five", 0.76, 0.8, 0.9)]
+    noisy = -20 + 10 * torch.rand(300, generator=torch.Generator().manual_seed(0))  # 10 dB of noise, no pause
+    assert speech_mask(noisy, 0.01) is None
+    assert snap_to_speech(words, noisy, 0.01) == words

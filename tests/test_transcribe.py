@@ -12,9 +12,25 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from asr.tokenizer import BLANK_ID
 from asr.transcribe import Transcriber, main
 from tests.tones import ToneModel
+
+
+class EarlyModel(ToneModel):
+    """ToneModel with a Conformer's spikes: each token on one frame, the silent frame before its tone."""
+
+    def log_probs(self, audio, lengths):
+        log_probs, lengths = super().log_probs(audio, lengths)
+        best = log_probs.argmax(-1)
+        before = torch.nn.functional.pad(best, (1, 0), value=BLANK_ID)[:, :-1]
+        onset = (best != BLANK_ID) & (before == BLANK_ID)
+        spikes = torch.full_like(best, BLANK_ID)
+        spikes[:, :-1] = torch.where(onset[:, 1:], best[:, 1:], BLANK_ID)
+        spikes[:, 0] = torch.where(onset[:, 0], best[:, 0], spikes[:, 0])
+        return (torch.nn.functional.one_hot(spikes, log_probs.shape[-1]) * 6.0).log_softmax(-1), lengths
 
 
 def test_word_times_are_monotonic_inside_the_audio_and_where_the_words_are(tone_file, char_tokenizer):
@@ -27,6 +43,18 @@ def test_word_times_are_monotonic_inside_the_audio_and_where_the_words_are(tone_
     assert all(w.start < w.end and 0.9 < w.confidence <= 1 for w in result.words)
     for word, (start, end) in zip(result.words, spans):  # a frame either way at most
         assert word.start == pytest.approx(start, abs=0.041) and word.end == pytest.approx(end, abs=0.041)
+
+
+@pytest.mark.parametrize("chunk_seconds", [0.0, 3.0])
+def test_word_times_are_where_the_words_are_when_the_model_spikes_early(tone_file, char_tokenizer, chunk_seconds):
+    """Spikes one frame before each letter put a word's end at its last letter's start; the audio
+    puts it back, in one pass and in chunks (asr/longform.py)."""
+    path, words, spans = tone_file("early.flac", ["call five two nine", "spell c a t"])
+    model = EarlyModel(char_tokenizer)
+    result = Transcriber(model, chunk_seconds=chunk_seconds, overlap_seconds=1.0).transcribe_results([path])[0]
+    assert [w.word for w in result.words] == words
+    for word, (start, end) in zip(result.words, spans):  # a 10 ms hop either way at most
+        assert word.start == pytest.approx(start, abs=0.011) and word.end == pytest.approx(end, abs=0.011)
 
 
 def run_cli(*args: str, capsys, exit_code: int = 0) -> str:

@@ -31,6 +31,7 @@ import torchaudio.functional as AF
 from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
 
 HOP_SECONDS = 0.01  # loudness resolution of word times
+DIGITAL_SILENCE_DB = -90.0  # hops below this are zeros (padding), not the recording's quiet
 MIN_RANGE_DB = 15.0  # loudest and quietest hops (99th, 10th percentile) closer than this: no silence to find
 EARLY_SECONDS = 0.08  # a spike may come this long before the speech it stands for (a Conformer's come one frame early)
 SHARE_SECONDS = 0.3  # a word without speech whose spikes end this close before the next speech shares it
@@ -148,9 +149,13 @@ def runs(flags: list[bool]) -> list[tuple[int, int]]:
 def speech_mask(levels: torch.Tensor, hop_seconds: float) -> list[bool] | None:
     """Which hops are speech: runs over a low threshold that reach a high one (hysteresis), with
     quiet stretches up to CLOSURE_SECONDS inside speech filled; None when the loudest and quietest
-    hops are less than MIN_RANGE_DB apart. Thresholds are relative to the quiet hops' level, so
-    a recording's gain and steady noise move them with it."""
-    floor, peak = torch.quantile(levels, 0.1).item(), torch.quantile(levels, 0.99).item()
+    hops are less than MIN_RANGE_DB apart. Thresholds are relative to the quiet hops' level (of the
+    whole file: a long recording whose noise changes gets one level), so a recording's gain and
+    steady noise move them with it; digital silence (padding) does not count as a quiet hop."""
+    heard = levels[levels > DIGITAL_SILENCE_DB]  # zero padding would put the quiet level below any noise
+    if len(heard) < 2:
+        return None
+    floor, peak = torch.quantile(heard, 0.1).item(), torch.quantile(heard, 0.99).item()
     span = peak - floor
     if span < MIN_RANGE_DB:
         return None
@@ -176,7 +181,7 @@ def snap_to_speech(words: list[Word], levels: torch.Tensor, hop_seconds: float) 
     at most SHARE_SECONDS before the next speech (a model that emitted a phrase early), shares the
     next word's stretch, split by letters; any other word without speech keeps its times.
     """
-    mask = speech_mask(levels, hop_seconds) if words else None
+    mask = speech_mask(levels, hop_seconds) if words and len(levels) else None
     if mask is None:
         return words
     speech, n = runs(mask), len(mask)
@@ -188,6 +193,10 @@ def snap_to_speech(words: list[Word], levels: torch.Tensor, hop_seconds: float) 
 
     snapped, waiting, lo = [], [], 0  # waiting: words sharing the next word's speech; lo: the previous word's end
     for k, word in enumerate(words):
+        if word.start >= n * hop_seconds:  # past the audio measured (a model with more frames than it)
+            snapped += waiting + [word]
+            waiting = []
+            continue
         hi = hop(words[k + 1].start) if k + 1 < len(words) else n  # the next word's first spike
         first, last = max(hop(word.start), lo), max(hop(word.end), hop(word.start) + 1)
         following = speech[bisect.bisect_right(ends, lo):bisect.bisect_left(starts, hi)]
@@ -204,9 +213,15 @@ def snap_to_speech(words: list[Word], levels: torch.Tensor, hop_seconds: float) 
                 waiting, lo = [], max(lo, min(hop(word.end), hi))
             continue
         start, end = hit[0][0], hit[-1][1]
+        if end - start < len(waiting) + 1:  # too short to share a hop each: the waiting words keep their times
+            snapped, waiting = snapped + waiting, []
         letters = [len(w.word) for w in waiting + [word]]
         cuts = [start + round((end - start) * sum(letters[:i]) / sum(letters)) for i in range(len(letters) + 1)]
-        snapped += [replace(w, start=a * hop_seconds, end=max(b, a + 1) * hop_seconds)
+        for i in range(1, len(cuts)):  # at least one hop each, the last word to the stretch's end
+            cuts[i] = max(cuts[i], cuts[i - 1] + 1) if i < len(cuts) - 1 else end
+        for i in range(len(cuts) - 2, 0, -1):
+            cuts[i] = min(cuts[i], cuts[i + 1] - 1)
+        snapped += [replace(w, start=a * hop_seconds, end=b * hop_seconds)
                     for w, a, b in zip(waiting + [word], cuts, cuts[1:])]
         waiting, lo = [], end
     return snapped

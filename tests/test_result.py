@@ -8,6 +8,8 @@ frames, with posterior CONFIDENCE, so every token's frames, and so every word's 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -107,3 +109,31 @@ def test_without_quiet_stretches_to_tell_apart_the_words_keep_their_spike_times(
     noisy = -20 + 10 * torch.rand(300, generator=torch.Generator().manual_seed(0))  # 10 dB of noise, no pause
     assert speech_mask(noisy, 0.01) is None
     assert snap_to_speech(words, noisy, 0.01) == words
+
+
+def test_digital_silence_around_a_recording_does_not_count_as_its_quiet():
+    levels = loud((0.3, 0.7), (1.2, 1.6), seconds=2.0) + torch.rand(200, generator=torch.Generator().manual_seed(0))
+    padded = torch.cat([torch.full((100,), -100.0), levels, torch.full((100,), -100.0)])  # 1 s of zeros each side
+    words = [Word("a", 1.28, 1.32, 0.9), Word("b", 2.16, 2.2, 0.9)]
+    assert [t for w in snap_to_speech(words, padded, 0.01) for t in (w.start, w.end)] == pytest.approx([1.3, 1.7, 2.2, 2.6])
+
+
+def test_a_word_past_the_measured_audio_keeps_its_times():
+    words = [Word("b", 1.08, 1.12, 0.9)]  # a model with more frames than the loudness has hops for
+    assert snap_to_speech(words, loud((0.05, 0.3), seconds=1.0), 0.01) == words
+
+
+def test_snapped_words_keep_their_number_and_order_and_never_overlap():
+    rng = random.Random(0)
+    for trial in range(300):
+        hops = rng.randint(20, 300)
+        levels = -60 + torch.randn(hops, generator=torch.Generator().manual_seed(trial))
+        for _ in range(rng.randint(1, 6)):
+            a = rng.randrange(hops)
+            levels[a: a + rng.randint(1, 60)] = rng.uniform(-30, -5)
+        frames = sorted(rng.sample(range(hops // 4), rng.randint(1, min(8, hops // 4))))
+        words = [Word("w" * rng.randint(1, 5), f * 0.04, (f + 1) * 0.04, 0.9) for f in frames]
+        snapped = snap_to_speech(words, levels, 0.01)
+        assert [w.word for w in snapped] == [w.word for w in words]
+        assert all(w.start < w.end for w in snapped)
+        assert all(b.start >= a.end - 1e-9 for a, b in zip(snapped, snapped[1:]))

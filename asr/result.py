@@ -31,8 +31,9 @@ import torchaudio.functional as AF
 from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
 
 HOP_SECONDS = 0.01  # loudness resolution of word times
-DIGITAL_SILENCE_DB = -90.0  # hops below this are zeros (padding), not the recording's quiet
-MIN_RANGE_DB = 15.0  # loudest and quietest hops (99th, 10th percentile) closer than this: no silence to find
+DIGITAL_SILENCE_DB = -90.0  # hops below this are zeros: before the first sound or after the last, padding
+QUIET = 0.02  # the quantile of the hops that is the recording's quiet level: clean connected speech has few quiet hops
+MIN_RANGE_DB = 15.0  # loudest and quietest hops (99th percentile, QUIET) closer than this: no silence to find
 EARLY_SECONDS = 0.08  # a spike may come this long before the speech it stands for (a Conformer's come one frame early)
 SHARE_SECONDS = 0.3  # a word without speech whose spikes end this close before the next speech shares it
 CLOSURE_SECONDS = 0.05  # a quiet stretch this short between loud ones is speech (the closure of a stop, "six")
@@ -151,11 +152,13 @@ def speech_mask(levels: torch.Tensor, hop_seconds: float) -> list[bool] | None:
     quiet stretches up to CLOSURE_SECONDS inside speech filled; None when the loudest and quietest
     hops are less than MIN_RANGE_DB apart. Thresholds are relative to the quiet hops' level (of the
     whole file: a long recording whose noise changes gets one level), so a recording's gain and
-    steady noise move them with it; digital silence (padding) does not count as a quiet hop."""
-    heard = levels[levels > DIGITAL_SILENCE_DB]  # zero padding would put the quiet level below any noise
+    steady noise move them with it; digital silence before the first sound and after the last
+    (padding) does not count, the pauses of clean audio do."""
+    heard = torch.nonzero(levels > DIGITAL_SILENCE_DB)[:, 0]
     if len(heard) < 2:
         return None
-    floor, peak = torch.quantile(heard, 0.1).item(), torch.quantile(heard, 0.99).item()
+    recording = levels[heard[0]: heard[-1] + 1]  # zero padding before and after would sit below any noise
+    floor, peak = torch.quantile(recording, QUIET).item(), torch.quantile(recording, 0.99).item()
     span = peak - floor
     if span < MIN_RANGE_DB:
         return None

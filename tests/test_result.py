@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from asr.result import Word, align, snap_to_speech, speech_mask, words_of
+from asr.result import Word, align, runs, snap_to_speech, speech_mask, words_of
 from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
 
 SPIKE, GAP, CONFIDENCE = 2, 3, 0.9
@@ -116,6 +116,14 @@ def test_digital_silence_around_a_recording_does_not_count_as_its_quiet():
     padded = torch.cat([torch.full((100,), -100.0), levels, torch.full((100,), -100.0)])  # 1 s of zeros each side
     words = [Word("a", 1.28, 1.32, 0.9), Word("b", 2.16, 2.2, 0.9)]
     assert [t for w in snap_to_speech(words, padded, 0.01) for t in (w.start, w.end)] == pytest.approx([1.3, 1.7, 2.2, 2.6])
+
+
+def test_clean_connected_speech_is_one_stretch_though_its_quietest_sounds_are_quiet():
+    # data/mini/audio/test/000000.flac, "enter number": zeros before and after, and between the words 30 ms of
+    # zeros then a quiet nasal onset 30 dB under the vowels
+    levels = torch.cat([torch.full((12,), -100.0), torch.full((16,), -28.0), torch.full((3,), -100.0),
+                        torch.tensor([-57.0, -57.0, -51.0, -52.0, -57.0]), torch.full((50,), -30.0), torch.full((20,), -100.0)])
+    assert runs(speech_mask(levels, 0.01)) == [(12, 86)]
 
 
 def test_a_word_past_the_measured_audio_keeps_its_times():

@@ -39,6 +39,15 @@ class AudioError(ValueError):
     """An audio file that cannot be used; the message names the file."""
 
 
+def frame_samples(frame_seconds: float, sample_rate: int) -> int:
+    """Samples per encoder frame; asr.result's loudness hops and asr.longform's
+    chunk starts are laid on it."""
+    samples = frame_seconds * sample_rate
+    if abs(samples - round(samples)) > 1e-6 or round(samples) < 1:
+        raise ValueError(f"frame_seconds {frame_seconds} is not a whole number of samples at {sample_rate} Hz")
+    return round(samples)
+
+
 def load_audio(path: str | Path, offset: float = 0.0, duration: float | None = None) -> tuple[np.ndarray, int]:
     """Read ``path`` with soundfile, mixed to mono.
 

@@ -34,18 +34,10 @@ from collections.abc import Callable, Iterable, Iterator
 import soundfile
 import torch
 
-from asr.audio import AudioError, check_finite, read_mono, resample
+from asr.audio import AudioError, check_finite, frame_samples, read_mono, resample
 from asr.manifest import Utterance
-from asr.result import hops_per_frame, loudness
+from asr.result import loudness
 from asr.tokenizer import BLANK_ID
-
-
-def frame_samples(frame_seconds: float, sample_rate: int) -> int:
-    """Samples per encoder frame; chunk starts are multiples of it."""
-    samples = frame_seconds * sample_rate
-    if abs(samples - round(samples)) > 1e-6 or round(samples) < 1:
-        raise ValueError(f"frame_seconds {frame_seconds} is not a whole number of samples at {sample_rate} Hz")
-    return round(samples)
 
 
 def chunk_starts(frames: int, chunk: int, overlap: int) -> list[int]:
@@ -75,7 +67,6 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
     ``on_progress(seconds)`` is called with the audio seconds of each batch once it is done.
     """
     rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
-    hops = hops_per_frame(model.frame_seconds)
     chunk, overlap = round(chunk_seconds / model.frame_seconds), round(overlap_seconds / model.frame_seconds)
     try:
         f = soundfile.SoundFile(str(utt.audio_filepath))
@@ -104,8 +95,8 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
                     raise ValueError(f"{utt.source}: the model gave {end - start} frames for a chunk of {chunk}: "
                                      "its frame_seconds does not match its output")
                 meet = end if following is None else (following + end) // 2  # the middle of the overlap
-                levels = loudness(audio[i], rate, model.frame_seconds)[(kept_from - start) * hops: (meet - start) * hops]
-                yield log_probs[i, kept_from - start: meet - start], levels
+                kept = audio[i][(kept_from - start) * step: (meet - start) * step]
+                yield log_probs[i, kept_from - start: meet - start], loudness(kept, rate, model.frame_seconds)
                 kept_from = meet
             on_progress((kept_from - done) * model.frame_seconds)
 

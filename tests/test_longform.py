@@ -19,7 +19,9 @@ import torch
 from asr import manifest as mf
 from asr.acoustic import load_model
 from asr.decoding import greedy
-from asr.longform import blank_cut, chunk_starts, frame_samples, segments, stitched
+from asr.audio import frame_samples
+from asr.longform import blank_cut, chunk_starts, segments, stitched
+from asr.result import hops_per_frame, loudness
 from asr.tokenizer import BLANK_ID
 from asr.transcribe import Transcriber
 from tests.conftest import TEXTS
@@ -45,10 +47,13 @@ def test_chunked_decoding_of_a_short_file_equals_one_pass(tone_file, char_tokeni
     assert chunked.text == one_pass.text
     assert [(w.word, w.start, w.end) for w in chunked.words] == [(w.word, w.start, w.end) for w in one_pass.words]
     utt = mf.Utterance(path, one_pass.duration, "")
-    pieces = torch.cat([log_probs for log_probs, _ in stitched(model, utt, 3.0, 1.0, batch_chunks=2)])
+    pieces = list(stitched(model, utt, 3.0, 1.0, batch_chunks=2))
     audio = torch.from_numpy(soundfile.read(path, dtype="float32")[0])[None]
     whole, _ = model.log_probs(audio, torch.tensor([audio.shape[1]]))
-    torch.testing.assert_close(pieces, whole[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat([log_probs for log_probs, _ in pieces]), whole[0], atol=1e-5, rtol=0)
+    # each piece's loudness is its frames' (hops_per_frame a frame), laid end to end as the whole file's
+    levels = loudness(audio[0], RATE, model.frame_seconds)[: len(whole[0]) * hops_per_frame(model.frame_seconds)]
+    torch.testing.assert_close(torch.cat([piece_levels for _, piece_levels in pieces]), levels)
 
 
 def test_chunks_of_a_real_model_stitch_to_the_frames_of_one_pass(checkpoint, write_audio):

@@ -13,7 +13,7 @@ from pytorch_lightning.callbacks import LambdaCallback, Timer
 from torch.utils.data import DataLoader
 
 from asr.data import Batch
-from asr.module import ASRModule, WarmupCosine, ctc_loss, error_counts
+from asr.module import ASRModule, WarmupCosine, any_nonfinite, ctc_loss, error_counts
 from tests.conftest import save_checkpoint
 
 
@@ -35,6 +35,16 @@ def test_error_counts_add_up_word_and_character_edits():
     counts = error_counts(["call five two", "go left"], ["call fife two", "go"]).tolist()
     assert counts[:2] == [2, 5]  # one substitution, one deletion, of 5 reference words
     assert counts[2:] == [1 + 5, 13 + 7]  # v->f; " left" deleted; reference characters incl. spaces
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, None])
+def test_any_nonfinite_finds_one_bad_gradient_element_among_many(dtype, bad):
+    """The check that skips an update finds one NaN or Inf among many gradients, and passes large finite ones."""
+    grads = [torch.full((64, 64), 1e30, dtype=dtype), torch.tensor([1.0, -1.0], dtype=dtype), torch.zeros(3, dtype=dtype)]
+    if bad is not None:
+        grads[1][0] = bad
+    assert bool(any_nonfinite(grads)) is (bad is not None)
 
 
 def test_schedule_warms_up_linearly_then_follows_a_cosine_to_the_floor():

@@ -75,8 +75,8 @@ def write_corpus(root: Path, n: int, seed: int, scale: float, sample_rate: int, 
 
 
 def random_batches(sampler: BucketBatchSampler, seed: int) -> list[list[int]]:
-    """The utterances in random order, cut by ``sampler`` (its max_batch_seconds) as it cuts its sorted order."""
-    order = list(range(len(sampler.durations)))
+    """The items of ``sampler``'s epoch in random order, cut by ``sampler`` (its max_batch_seconds) as it cuts its sorted order."""
+    order = sorted(i for batch in sampler.global_batches() for i in batch)
     random.Random(seed).shuffle(order)
     return sampler.cut(order)
 

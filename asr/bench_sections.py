@@ -87,7 +87,7 @@ def measure_batching(settings: Settings, args: Sequence[str], data: ASRDataModul
         loaded = [dataset[b] for b in batches[: settings.steps + 1]]
         times = plain_times(build(settings.preset, *args), passes(loaded, settings.passes))
         audio = sum(float(b.audio_lengths.sum()) for b in loaded[1:]) / dataset.sample_rate
-        results[name] = {"padding": padding_fraction(sampler.durations, batches),
+        results[name] = {"padding": padding_fraction(sampler.item_seconds, batches),
                          "x_real_time": audio / fastest(times, settings.passes), "batches": len(batches)}
     return results
 

@@ -24,7 +24,7 @@ from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
 from asr.model import EncoderConfig, encoder_frames
 from asr.resilience import end_data_workers_at_exit, init_data_worker
-from asr.sampler import BucketBatchSampler, ResumableLoader
+from asr.sampler import BucketBatchSampler, ResumableLoader, split_item
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
 
 
@@ -64,8 +64,10 @@ class AudioCache:
 class ASRDataset(Dataset):
     """Utterances and their token ids; ``dataset[[i, j, ...]]`` loads and collates one batch.
 
-    ``speed_perturb``: each load picks one of these factors at random and plays the audio
-    that much faster (1.1: 10% shorter, pitch up), a cheap augmentation (Ko et al., 2015).
+    ``speed_perturb``: the audio is played that much faster (1.1: 10% shorter, pitch up), a cheap
+    augmentation (Ko et al., 2015). The sampler picks the speed: ``load(item)`` takes its items
+    (asr.sampler.split_item), so ``dataset[[i, j, ...]]`` plays utterances at speed_perturb[0] if
+    the indices are under ``len(dataset)``.
     ``augment`` (asr.augment, training only) then changes voice, room, noise, channel and level.
     """
 
@@ -79,10 +81,11 @@ class ASRDataset(Dataset):
     def __len__(self) -> int:
         return len(self.utterances)
 
-    def load(self, i: int) -> torch.Tensor:
-        """Utterance ``i``'s waveform (n,) float32 at a speed drawn from ``speed_perturb``, augmented;
-        AudioError naming its manifest line if it cannot be read."""
-        speed = self.speed_perturb[int(torch.randint(len(self.speed_perturb), ()))]
+    def load(self, item: int) -> torch.Tensor:
+        """A sampler item's waveform (n,) float32: its utterance at its speed, augmented; AudioError
+        naming its manifest line if it cannot be read."""
+        speed_index, i = split_item(item, len(self))
+        speed = self.speed_perturb[speed_index]
         wave = self.cache.get((i, speed), partial(self.read, i, speed))
         return self.augment(wave) if self.augment else wave
 
@@ -103,14 +106,14 @@ class ASRDataset(Dataset):
         every rank still steps and enters the same collectives (DDP, FSDP).
         """
         kept, audio, dropped = [], [], []
-        for i in indices:
+        for item in indices:
             try:
-                audio.append(self.load(i))
-                kept.append(i)
+                audio.append(self.load(item))
+                kept.append(split_item(item, len(self))[1])
             except AudioError as err:  # a file deleted or truncated since setup checked it
                 dropped.append(str(err))
         if not kept:
-            stand_in, waveform = self.first_readable(indices[-1] + 1)
+            stand_in, waveform = self.first_readable(split_item(indices[-1], len(self))[1] + 1)
             kept, audio = [stand_in], [waveform]
         tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in kept]
         return collate(audio, tokens, [self.utterances[i].text for i in kept])._replace(dropped=tuple(dropped))
@@ -191,7 +194,7 @@ class ASRDataModule(pl.LightningDataModule):
             tokenizer_model: a sentencepiece .model to use; null trains one on the training text.
             tokenizer_type: sentencepiece model type when training one: char, unigram or bpe.
             tokenizer_vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
-            max_batch_seconds: a batch holds at most this many seconds of padded audio (before speed_perturb, tempo).
+            max_batch_seconds: a batch holds at most this many seconds of padded audio (at its speed_perturb speed, before tempo).
             speed_perturb: training audio is played at a random one of these speeds, e.g. [0.9, 1.0, 1.1].
             shuffle: new training batches in random order each epoch; false keeps them sorted by length.
             min_duration: utterances shorter than this (seconds) are bad lines.
@@ -312,7 +315,7 @@ class ASRDataModule(pl.LightningDataModule):
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         sampler = BucketBatchSampler(
             [u.duration for u in dataset.utterances], self.hparams.max_batch_seconds, shuffle=shuffle,
-            seed=self.hparams.seed, num_replicas=world, rank=rank,
+            seed=self.hparams.seed, num_replicas=world, rank=rank, speeds=dataset.speed_perturb,
         )
         workers = self.hparams.num_workers
         if workers:

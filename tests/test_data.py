@@ -185,11 +185,14 @@ def test_the_default_run_keeps_each_utterance_once_per_speed(corpus, monkeypatch
     cli.datamodule.setup("fit")
     dataset = cli.datamodule.datasets["train"]
     reads = counting_reads(monkeypatch)
-    torch.manual_seed(0)
-    lengths = {len(dataset.load(0)) for _ in range(30)}  # augmentation keeps the length; the speed sets it
-    assert len(dataset.speed_perturb) == 3 and len(lengths) == 3
+    n = len(dataset)
+    items = [speed * n for speed in range(3)] * 10  # utterance 0 at each speed, ten times
+    lengths = [len(dataset.load(item)) for item in items]  # augmentation keeps the length; the speed sets it
+    assert dataset.speed_perturb == (0.9, 1.0, 1.1) and lengths[0] > lengths[1] > lengths[2] and lengths == lengths[:3] * 10
     counts = Counter(reads)  # babble noise reads other utterances, at speed 1 only
     assert counts.pop("a.flac") == 3 and set(counts.values()) <= {1}
+    sampler = cli.datamodule.train_dataloader().sampler  # the loader's sampler draws from the dataset's speeds
+    assert sampler.speeds == dataset.speed_perturb and len(sampler.item_seconds) == 3 * n
 
 
 def test_augmentation_never_changes_the_kept_waveform(corpus):

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from asr.sampler import BucketBatchSampler, ResumableLoader
+from asr.sampler import BucketBatchSampler, ResumableLoader, split_item
 
 
 def random_durations(n: int = 2000, seed: int = 0) -> list[float]:
@@ -96,6 +96,42 @@ def test_padding_is_under_3_percent_on_a_realistic_length_distribution():
     for number in range(3):
         padded = sum(padded_seconds(b, durations) for b in epoch(sampler, number))
         assert 1 - sum(durations) / padded < 0.03
+
+
+SPEEDS = (0.9, 1.0, 1.1)
+
+
+def test_with_speeds_each_utterance_comes_once_an_epoch_at_a_drawn_speed_within_the_limit():
+    durations = random_durations(500)
+    sampler = BucketBatchSampler(durations, 60.0, seed=7, speeds=SPEEDS)
+    seen = []
+    for number in range(3):
+        items = [i for batch in epoch(sampler, number) for i in batch]
+        pairs = [split_item(i, 500) for i in items]
+        assert sorted(i for _, i in pairs) == list(range(500))
+        assert {s for s, _ in pairs} == {0, 1, 2}
+        assert all(padded_seconds(b, sampler.item_seconds) <= 60.0 for b in epoch(sampler, number))
+        seen.append(dict((i, s) for s, i in pairs))
+    assert seen[0] != seen[1]  # speeds are drawn again each epoch
+    assert sampler.item_seconds[2 * 500 + 3] == pytest.approx(durations[3] / 1.1)
+
+
+def test_batches_sorted_by_duration_at_the_drawn_speed_pad_as_little_as_one_speed():
+    # Drawing the speed when loading mixed 0.9 and 1.1 in a batch sorted at speed 1: 10% padding.
+    durations = random_durations(2000)
+    sampler = BucketBatchSampler(durations, 60.0, seed=0, speeds=SPEEDS)
+    for number in range(3):
+        batches = epoch(sampler, number)
+        padded = sum(padded_seconds(b, sampler.item_seconds) for b in batches)
+        assert 1 - sum(sampler.item_seconds[i] for b in batches for i in b) / padded < 0.03
+        assert len(batches) == len(sampler)
+
+
+def test_with_speeds_the_epoch_is_the_same_after_a_resume():
+    first, again = (BucketBatchSampler(random_durations(300), 60.0, seed=8, speeds=SPEEDS) for _ in range(2))
+    full = epoch(first, 3)
+    again.resume(3, 4)
+    assert list(again) == full[4:]  # the same utterances at the same speeds
 
 
 def test_resume_skips_exactly_the_first_batches_once():

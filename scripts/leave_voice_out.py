@@ -38,7 +38,8 @@ OUTPUTS = ("train.jsonl", "dev.jsonl", "other16k.jsonl", "other8k.jsonl", "audio
 
 
 def die(message):
-    sys.exit(f"leave_voice_out.py: error: {message}")
+    """Exit with ``message``, named after the script that runs (this one, or scripts/telephone_copy.py)."""
+    sys.exit(f"{Path(sys.argv[0]).name}: error: {message}")
 
 
 def read(manifest: Path) -> list[tuple[str, dict]]:

@@ -1,0 +1,58 @@
+"""scripts/telephone_copy.py: every line of a manifest, in order, through the held-out set's telephone channel at
+8 kHz, with absolute paths; a bad line is named and leaves no copy behind."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asr import manifest as mf
+from test_leave_voice_out import REPO, corpus, lines, needs_sox
+
+sys.path.insert(0, str(REPO / "scripts"))
+import telephone_copy as tc  # noqa: E402
+
+
+def band_share(audio: np.ndarray, rate: int, low: float, high: float) -> float:
+    """The share of ``audio``'s energy between ``low`` and ``high`` Hz."""
+    power = np.abs(np.fft.rfft(audio)) ** 2
+    freqs = np.fft.rfftfreq(len(audio), 1 / rate)
+    return float(power[(freqs >= low) & (freqs <= high)].sum() / power.sum())
+
+
+@needs_sox
+def test_a_copy_keeps_every_line_in_order_at_8_khz_in_the_telephone_band(tmp_path):
+    source = corpus(tmp_path / "mini")
+    noise = np.random.default_rng(1).uniform(-0.5, 0.5, 16000)  # energy at every frequency
+    sf.write(source / "audio" / "dev" / "000.flac", noise, 16000, subtype="PCM_16")
+    out = tmp_path / "devtel"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "telephone_copy.py"), str(source / "dev.jsonl"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    copy, original = lines(out / "8k.jsonl"), lines(source / "dev.jsonl")
+    assert [row["text"] for row in copy] == [row["text"] for row in original]
+    assert {(row["synth"], row["speaker"]) for row in copy} == {(row["synth"], row["speaker"]) for row in original}
+    for row in copy:
+        audio, rate = sf.read(row["audio_filepath"])
+        assert Path(row["audio_filepath"]).is_absolute() and rate == 8000 and abs(len(audio) - 8000) < 50
+    audio, rate = sf.read(copy[0]["audio_filepath"])
+    assert band_share(audio, rate, 300, 3400) > 0.95  # white noise had 78% of its energy there
+    utterances, problems = mf.parse_manifest(out / "8k.jsonl")
+    assert len(utterances) == len(copy) and not problems
+
+
+@needs_sox
+def test_bad_input_is_named_leaves_no_copy_and_a_second_run_needs_overwrite(tmp_path):
+    source, out = corpus(tmp_path / "mini"), tmp_path / "devtel"
+    (source / "audio" / "dev" / "002.flac").unlink()
+    with pytest.raises(SystemExit, match=r"dev\.jsonl:3: .*002\.flac"):
+        tc.make_copy(source / "dev.jsonl", out)
+    assert not (out / "8k.jsonl").exists()
+    assert tc.make_copy(source / "train.jsonl", out, overwrite=True) == 6
+    with pytest.raises(SystemExit, match=r"--out .*devtel already holds a copy .*--overwrite"):
+        tc.make_copy(source / "train.jsonl", out)
+    with pytest.raises(SystemExit, match=r"nothing\.jsonl: no such manifest"):
+        tc.make_copy(tmp_path / "nothing.jsonl", out, overwrite=True)

@@ -34,7 +34,7 @@ def test_a_copy_keeps_every_line_in_order_at_8_khz_in_the_telephone_band(tmp_pat
     assert done.returncode == 0, done.stderr
     copy, original = lines(out / "8k.jsonl"), lines(source / "dev.jsonl")
     assert [row["text"] for row in copy] == [row["text"] for row in original]
-    assert {(row["synth"], row["speaker"]) for row in copy} == {(row["synth"], row["speaker"]) for row in original}
+    assert [(row["synth"], row["speaker"]) for row in copy] == [(row["synth"], row["speaker"]) for row in original]
     for row in copy:
         audio, rate = sf.read(row["audio_filepath"])
         assert Path(row["audio_filepath"]).is_absolute() and rate == 8000 and abs(len(audio) - 8000) < 50
@@ -45,14 +45,30 @@ def test_a_copy_keeps_every_line_in_order_at_8_khz_in_the_telephone_band(tmp_pat
 
 
 @needs_sox
-def test_bad_input_is_named_leaves_no_copy_and_a_second_run_needs_overwrite(tmp_path):
+def test_bad_input_is_named_and_leaves_the_folder_as_it_was(tmp_path):
     source, out = corpus(tmp_path / "mini"), tmp_path / "devtel"
+    assert tc.make_copy(source / "train.jsonl", out) == 6
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     (source / "audio" / "dev" / "002.flac").unlink()
     with pytest.raises(SystemExit, match=r"dev\.jsonl:3: .*002\.flac"):
-        tc.make_copy(source / "dev.jsonl", out)
-    assert not (out / "8k.jsonl").exists()
-    assert tc.make_copy(source / "train.jsonl", out, overwrite=True) == 6
+        tc.make_copy(source / "dev.jsonl", out, overwrite=True)
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before  # the old copy, whole
     with pytest.raises(SystemExit, match=r"--out .*devtel already holds a copy .*--overwrite"):
         tc.make_copy(source / "train.jsonl", out)
     with pytest.raises(SystemExit, match=r"nothing\.jsonl: no such manifest"):
         tc.make_copy(tmp_path / "nothing.jsonl", out, overwrite=True)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(SystemExit, match=r"empty\.jsonl: no lines to copy"):
+        tc.make_copy(tmp_path / "empty.jsonl", out, overwrite=True)
+    with pytest.raises(SystemExit, match=r"--out .*mini: holds the manifest's own audio"):  # never the corpus' own audio
+        tc.make_copy(source / "train.jsonl", source, overwrite=True)
+    assert len(list((source / "audio" / "train").iterdir())) == 6
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
+
+@needs_sox
+def test_an_error_names_the_script_that_was_run(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "telephone_copy.py"), str(tmp_path / "none.jsonl"),
+                           "--out", str(tmp_path / "devtel")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.startswith("telephone_copy.py: error: ") and "none.jsonl: no such manifest" in done.stderr

@@ -1,5 +1,6 @@
 """scripts/telephone_copy.py: every line of a manifest, in order, through the held-out set's telephone channel at
-8 kHz, with absolute paths; a bad line is named and leaves no copy behind."""
+8 kHz, with absolute paths; a bad line, an empty manifest or an --out holding the manifest's own audio is named,
+and the folder stays as it was."""
 
 import subprocess
 import sys

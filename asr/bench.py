@@ -100,7 +100,7 @@ def run(settings: Settings, workdir: Path) -> dict:
     durations = [u.duration for u in data.datasets["val"].utterances]
     results["corpus"] = {"utterances": len(durations), "hours": sum(durations) / 3600,
                          "mean_seconds": sum(durations) / len(durations), "sample_rate": data.hparams.sample_rate}
-    results["machine"] = {"cpu": cost.cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    results["machine"] = {"cpu": f"{cost.cpu_name()} ({cost.cpu_kernels()})", "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "settings": asdict(settings), "wall_seconds": time.perf_counter() - began,
                           "section_seconds": clock.seconds}
     results["targets"] = targets(results)

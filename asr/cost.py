@@ -26,18 +26,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import re
 import time
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from asr.atomic import write_atomically
-from asr.data import Batch
+
+if TYPE_CHECKING:  # annotations only: asr.data asks asr.hardware, which asks this module, for its workers
+    from asr.data import Batch
 
 PEAK_CACHE = Path.home() / ".cache" / "asr" / "peak_flops.json"  # measured CPU peaks, reused across runs
 TRAIN_FLOPS_PER_FORWARD = 3  # forward + backward, which costs twice the forward (grads of inputs and weights)
@@ -161,22 +164,33 @@ def cpu_name() -> str:
     return match.group(1).strip() if match else platform.processor() or platform.machine()
 
 
-def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, reps: int = 5) -> float:
-    """FLOP/s of the fastest of ``reps`` (size x size) @ (size x size) products on this CPU."""
+def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, reps: int = 5, budget_s: float = 1.0) -> float:
+    """FLOP/s of the fastest of ``reps`` (size x size) @ (size x size) products on this CPU; fewer once
+    ``budget_s`` seconds have passed (a CPU without bf16 units takes 2.5 s for one bf16 product)."""
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b  # warm-up: thread pool start, packing buffers
-    best = math.inf
+    best, began = math.inf, time.perf_counter()
     for _ in range(reps):
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
+        if time.perf_counter() - began > budget_s:
+            break
     return 2 * size**3 / best
+
+
+def cpu_kernels() -> str:
+    """The instruction set torch's CPU kernels use here, which decides a bf16 matmul's speed as much as the
+    model does: ATen's capability (ATEN_CPU_CAPABILITY caps it) and oneDNN's cap (ONEDNN_MAX_CPU_ISA)."""
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    return torch.backends.cpu.get_cpu_capability() + (f", oneDNN {onednn}" if onednn else "")
 
 
 def cpu_peak_flops(dtype: str) -> float:
     """A CPU has no datasheet peak to look up, so measure a matmul's rate once and cache it in PEAK_CACHE
-    under (CPU model, torch version, threads, dtype). Delete the file to measure again (e.g. on an idle machine)."""
-    key = f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {dtype}"
+    under (CPU model, its kernels' instruction set, torch version, threads, dtype). Delete the file to measure
+    again (e.g. on an idle machine)."""
+    key = f"{cpu_name()} | {cpu_kernels()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {dtype}"
     try:
         cache = json.loads(PEAK_CACHE.read_text())
     except (OSError, ValueError):  # none yet, or unreadable: measure again

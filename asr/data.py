@@ -22,6 +22,7 @@ from asr import manifest as mf
 from asr.audio import AudioError, FeatureConfig, check_finite, load_audio, resample
 from asr.augment import Augmentation, Augmenter, NoiseKind, random_voice
 from asr.datafaults import DataFaults
+from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.model import EncoderConfig, encoder_frames
 from asr.resilience import end_data_workers_at_exit, init_data_worker
 from asr.sampler import BucketBatchSampler, ResumableLoader, split_item
@@ -165,7 +166,7 @@ class ASRDataModule(pl.LightningDataModule):
         max_duration: float = 20.0,
         on_bad_line: Literal["error", "skip"] = "error",
         max_dropped_share: float = 0.01,
-        num_workers: int = 1,
+        num_workers: int | Auto = AUTO,
         cache_audio_mb: float = 0.0,
         seed: int = 0,
         subsampling: int = EncoderConfig.subsampling,
@@ -203,7 +204,8 @@ class ASRDataModule(pl.LightningDataModule):
             max_dropped_share: audio that fails to load mid-run (deleted or truncated since start-up) is
                 dropped from its batch and named once; above this share of a split in one pass the run stops
                 and lists them.
-            num_workers: DataLoader worker processes that read and resample audio.
+            num_workers: DataLoader worker processes that read, resample and augment audio; "auto": one per CPU
+                training process with 2+ cores to itself, its share of the cores less one (at most 8) per GPU.
             cache_audio_mb: megabytes of read audio (each utterance at each speed it was played at) that each
                 data worker keeps in memory for each split, so that later epochs need not read and resample
                 it again; 0 = read every time.
@@ -227,6 +229,8 @@ class ASRDataModule(pl.LightningDataModule):
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
+        if num_workers != AUTO and num_workers < 0:
+            raise ValueError(f"data.num_workers must be 'auto' or >= 0, got {num_workers}")
         if cache_audio_mb < 0:
             raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
         if not 0 <= max_dropped_share <= 1:
@@ -317,15 +321,32 @@ class ASRDataModule(pl.LightningDataModule):
             [u.duration for u in dataset.utterances], self.hparams.max_batch_seconds, shuffle=shuffle,
             seed=self.hparams.seed, num_replicas=world, rank=rank, speeds=dataset.speed_perturb,
         )
-        workers = self.hparams.num_workers
+        workers = self.workers
         if workers:
             end_data_workers_at_exit()
         loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
-                                 num_workers=workers, persistent_workers=workers > 0,
+                                 num_workers=workers, persistent_workers=workers > 0, pin_memory=self.on_gpu,
                                  worker_init_fn=partial(init_data_worker, rank=rank))
         loader.faults = self.faults.setdefault(
             split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer))
         return loader
+
+    @cached_property
+    def workers(self) -> int:
+        """data.num_workers, with "auto" resolved for this machine and trainer (asr.hardware), said once."""
+        if self.hparams.num_workers != AUTO:
+            return self.hparams.num_workers
+        processes = self.trainer.num_devices if self.trainer else 1  # training processes on this machine
+        cores = usable_cores()
+        workers = data_workers(cores, self.on_gpu, processes)
+        rank_zero_info(f"data.num_workers auto -> {workers}: {cores} cores, {processes} "
+                       f"{'GPU' if self.on_gpu else 'CPU'} training process{'es' if processes > 1 else ''}")
+        return workers
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the batches go to a CUDA device (then workers pin their memory for the copy)."""
+        return bool(self.trainer) and self.trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> ResumableLoader:
         return self.loader("train", shuffle=self.hparams.shuffle)

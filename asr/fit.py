@@ -28,18 +28,38 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
+import pytorch_lightning as pl
 import torch
+from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
 from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.utilities import rank_zero_info
 
 from asr.audio import AudioError
 from asr.data import ASRDataModule, parse_split
+from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.manifest import ManifestError
 from asr.module import ASRModule, NonFiniteLossError
-from asr.resilience import (COLLECTIVE_TIMEOUT_MINUTES, Preempted, describe_failure, is_collective_timeout,
+from asr.resilience import (COLLECTIVE_TIMEOUT_MINUTES, FitLoop, Preempted, describe_failure, is_collective_timeout,
                             newest_checkpoint, set_collective_timeout)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
+
+
+class Trainer(pl.Trainer):
+    """Lightning's Trainer, whose ``precision`` may also be "auto": the choice for this machine (asr.hardware),
+    and whose fit loop resumes at an epoch's end with max_steps set too (asr.resilience.FitLoop)."""
+
+    def __init__(self, *args, precision: _PRECISION_INPUT | Auto | None = AUTO, **kwargs):
+        """
+        Args:
+            precision: "auto" (bf16-mixed where this device computes bf16 fast, else 32-true on a CPU and
+                16-mixed on a GPU without bf16; said in one line), or any of Lightning's: 32-true, bf16-mixed,
+                bf16-true, 16-mixed (a CUDA GPU only), 64-true.
+        """
+        accelerator = kwargs.get("accelerator", "auto")
+        super().__init__(*args, precision=resolve_precision(precision, accelerator, rank_zero_info), **kwargs)
+        FitLoop.replace(self)
 
 
 class ASRCLI(LightningCLI):
@@ -52,13 +72,24 @@ class ASRCLI(LightningCLI):
         parser.add_argument("--collective_timeout", type=float, default=COLLECTIVE_TIMEOUT_MINUTES,
                             help="minutes a rank waits in a collective (or, at start, for the other ranks to connect) "
                                  "before the job stops with an error")
+        parser.add_argument("--threads", type=int | Auto, default=AUTO,
+                            help="torch threads of the training step; 'auto': this process's share of the cores, "
+                                 "less the data workers' on 4 cores and up (asr.hardware)")
         parser.add_argument("--test", type=bool, default=True, help="after fitting, score the test set (with the weights --test_checkpoint names)")
         parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
                             help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "
                                  "(val/wer), or the weights training ended with (for char models, whose WER is noisy)")
 
     def before_instantiate_classes(self) -> None:
-        check_hardware(self.config.trainer)
+        """Threads, then precision (measured with those threads), resolved into the config config.yaml records."""
+        trainer, on_gpu = self.config.trainer, uses_cuda(self.config.trainer.accelerator)
+        try:
+            self.config.threads = resolve_threads(self.config.threads, on_gpu, self.config.data.num_workers,
+                                                  rank_zero_info)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        trainer.precision = resolve_precision(trainer.precision, trainer.accelerator, rank_zero_info)
+        check_hardware(trainer)
 
 
 class ConfigError(ValueError):
@@ -77,7 +108,7 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
     """
     cuda = torch.cuda.is_available() if cuda is None else cuda
     deepspeed = find_spec("deepspeed") is not None if deepspeed is None else deepspeed
-    on_gpu = cuda and str(trainer.accelerator) in ("auto", "gpu", "cuda")
+    on_gpu = uses_cuda(trainer.accelerator, cuda)
     precision, strategy = str(trainer.precision), strategy_name(trainer.strategy).lower()
     if str(trainer.accelerator) in ("gpu", "cuda") and not cuda:
         raise ConfigError(f"trainer.accelerator={trainer.accelerator} needs a CUDA GPU and this machine has none; "
@@ -98,15 +129,28 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
         )
 
 
-def check_resumable(path: str | None) -> None:
-    """Refuse a --ckpt_path that holds weights only (asr.average's output): Lightning's own error blames save_weights_only."""
-    if path is None or Path(path).is_dir():  # a sharded folder is Lightning's to read
-        return
+def check_resumable(path: str | None) -> dict:
+    """Refuse a --ckpt_path that holds weights only (asr.average's output): Lightning's own error blames
+    save_weights_only. Returns how far the checkpoint's run got: {"steps": optimizer steps, "epochs": epochs
+    finished} ({} for a sharded folder, which is Lightning's to read, or no checkpoint)."""
+    if path is None or Path(path).is_dir():
+        return {}
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if "optimizer_states" not in checkpoint:
         made_by = " (an average of checkpoints, by asr.average)" if "averaged_from" in checkpoint else ""
         raise ConfigError(f"--ckpt_path {path} holds model weights only{made_by}, no optimizer or loop state: "
                           "it transcribes, but cannot resume training.")
+    epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    return {"steps": checkpoint.get("global_step", 0), "epochs": epochs.get("processed", 0)}
+
+
+def nothing_left(trainer: pl.Trainer, reached: dict) -> str | None:
+    """Why a run resumed at ``reached`` (check_resumable's) has nothing left to train, or None."""
+    if reached and 0 <= trainer.max_steps <= reached["steps"]:
+        return f"already at max_steps {trainer.max_steps} (the checkpoint holds step {reached['steps']})"
+    if reached and trainer.max_epochs is not None and 0 <= trainer.max_epochs <= reached["epochs"]:
+        return f"already at max_epochs {trainer.max_epochs} (the checkpoint finished epoch {reached['epochs'] - 1})"
+    return None
 
 
 def build(args: list[str] | None = None) -> ASRCLI:
@@ -122,6 +166,7 @@ def build(args: list[str] | None = None) -> ASRCLI:
     return ASRCLI(
         ASRModule,
         ASRDataModule,
+        trainer_class=Trainer,
         run=False,
         args=args,
         auto_configure_optimizers=False,  # ASRModule.configure_optimizers owns optimizer and schedule
@@ -148,7 +193,10 @@ def main(args: list[str] | None = None) -> ASRCLI:
     except ValueError as err:  # a constructor refused a setting; its message names the flag
         raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from err
     ckpt_path = resolve_ckpt_path(cli)
-    check_resumable(ckpt_path)
+    done = nothing_left(cli.trainer, check_resumable(ckpt_path))
+    if done:  # no fit, and no test of weights this run did not train
+        cli.trainer.print(f"asr.fit: {done}: nothing to train; raise the limit to continue {ckpt_path}")
+        return cli
     test_manifest = cli.config.test and cli.datamodule.hparams.test_manifest
     if test_manifest:  # a mistyped path is named now, not after training
         parse_split(test_manifest, "test")

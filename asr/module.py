@@ -75,6 +75,7 @@ class ASRModule(pl.LightningModule):
         compile: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         warmup_steps: int = 200,
+        warmup_share: float = 0.3,
         min_lr_ratio: float = 0.05,
         max_consecutive_skips: int = 10,
     ):
@@ -114,6 +115,10 @@ class ASRModule(pl.LightningModule):
             compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
             warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
+            warmup_share: with --trainer.max_time, warm-up also ends once this share of the time has passed, if
+                that comes first: it lasts at most this share of the steps this machine makes in that time
+                (WarmupCosine), so a slower machine leaves warm-up too. On the CPU the Czech recipe was tuned on
+                (1,278 steps in its 15 minutes) 0.3 ends its 400-step warm-up at step 384.
             min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step, or,
                 with --trainer.max_time, when the time runs out if that comes first (WarmupCosine).
             max_consecutive_skips: stop the run when this many updates in a row had a non-finite loss or
@@ -122,6 +127,8 @@ class ASRModule(pl.LightningModule):
         super().__init__()
         if tokenizer is None:
             raise ValueError("ASRModule needs a tokenizer: fit.py links it from data.tokenizer")
+        if not 0.0 < warmup_share <= 1.0:
+            raise ValueError(f"model.warmup_share must be in (0, 1], got {warmup_share}")
         if not 0.0 <= inter_ctc < 1.0:
             raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
@@ -317,7 +324,8 @@ class ASRModule(pl.LightningModule):
         # The schedule's length is set in on_train_start: trainer.estimated_stepping_batches builds the
         # train loader, and built here, before a checkpoint is restored, it would start a resumed
         # epoch from its first batch instead of where the checkpoint left it.
-        self.schedule = WarmupCosine(self.hparams.warmup_steps, None, self.hparams.min_lr_ratio)
+        hp = self.hparams
+        self.schedule = WarmupCosine(hp.warmup_steps, None, hp.min_lr_ratio, warmup_share=hp.warmup_share)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -378,14 +386,19 @@ class WarmupCosine:
 
     The cosine's progress is the larger of the step progress, (step - warmup) / (total - warmup), and,
     when the run is bounded by time, the time progress, ``elapsed / duration`` (seconds), so the lr reaches
-    the floor at whichever limit comes first. ``total`` may be set after construction (None until then
-    counts as no progress past warm-up); ``elapsed`` is set by the owner of the clock before each
-    scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every rank has one lr).
+    the floor at whichever limit comes first. In a run bounded by time the ramp also ends once
+    ``warmup_share`` of the time has passed: with N = step x duration / elapsed, the steps this machine
+    will make at its rate so far (updated every step), warm-up lasts min(warmup, warmup_share x N) steps,
+    so a machine that makes few steps in the time leaves warm-up all the same. ``total`` may be set after
+    construction (None until then counts as no progress past warm-up); ``elapsed`` is set by the owner of
+    the clock before each scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every
+    rank has one lr).
     """
 
-    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None):
+    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None,
+                 warmup_share: float = 1.0):
         self.warmup, self.total, self.floor = warmup, total, floor
-        self.duration, self.elapsed = duration, 0.0
+        self.duration, self.elapsed, self.warmup_share = duration, 0.0, warmup_share
 
     def progress(self, step: int) -> float:
         """How far along the cosine, 0 to 1: steps past warm-up, or the share of ``duration`` elapsed."""
@@ -393,6 +406,12 @@ class WarmupCosine:
         seconds = self.elapsed / self.duration if self.duration else 0.0
         return min(1.0, max(0.0, steps, seconds))
 
+    def ramp(self, step: int) -> float:
+        """How far along warm-up, 0 to 1: steps over ``warmup``, or time over ``warmup_share`` of ``duration``."""
+        if self.warmup <= 0:
+            return 1.0
+        seconds = self.elapsed / (self.duration * self.warmup_share) if self.duration else 0.0
+        return min(1.0, max((step + 1) / self.warmup, seconds))
+
     def __call__(self, step: int) -> float:
-        ramp = min(1.0, (step + 1) / self.warmup) if self.warmup > 0 else 1.0
-        return ramp * (self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(step))))
+        return self.ramp(step) * (self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(step))))

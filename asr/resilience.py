@@ -8,6 +8,8 @@
   ``last.ckpt`` once (weights, optimizer, schedule, loop and sampler position) and exit with status 0.
   Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
 - ``newest_checkpoint``: what ``--ckpt_path last`` resumes from, the newest last*.ckpt of the run folder.
+- ``FitLoop`` (asr.fit's Trainer uses it): a run resumed from a checkpoint written at an epoch's end starts
+  the next epoch, with ``max_steps`` set too.
 - ``describe_failure``: one line naming the rank and the Lightning hook a collective timed out in.
 """
 
@@ -30,6 +32,8 @@ import torch
 from lightning_fabric.plugins import TorchCheckpointIO
 from lightning_fabric.utilities.seed import pl_worker_init_function
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.loop import _Loop
 from pytorch_lightning.utilities import rank_zero_info
 
 from asr.atomic import write_atomically
@@ -156,6 +160,28 @@ def last_checkpoint_path(trainer: pl.Trainer) -> Path:
     folders = [cb.dirpath for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
     folder = Path(folders[0]) if folders else Path(trainer.default_root_dir) / "checkpoints"
     return folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+
+
+class FitLoop(_FitLoop):
+    """Lightning's fit loop, but a run resumed from a checkpoint written at an epoch's end (ModelCheckpoint in
+    on_train_epoch_end, as last.ckpt is) starts the next epoch also when ``max_steps`` is set. Lightning marks
+    such a loop as restarting whenever max_steps is set (``_FitLoop.restarting``), so the resumed run replays
+    the finished epoch as an empty one and counts it again: one epoch of training lost (Lightning issue 19617,
+    asr issue 44). Here a finished epoch is never restarted, with or without max_steps."""
+
+    def _set_restarting(self, restarting: bool) -> None:
+        progress = self.epoch_progress.current
+        unfinished = progress.ready != progress.processed or progress.started != progress.processed
+        _Loop.restarting.fset(self, restarting and unfinished)
+
+    restarting = property(_Loop.restarting.fget, _set_restarting)
+
+    @classmethod
+    def replace(cls, trainer: pl.Trainer) -> None:
+        """Put one in place of ``trainer``'s fit loop, with its limits and epoch loop."""
+        loop = cls(trainer, min_epochs=trainer.fit_loop.min_epochs, max_epochs=trainer.fit_loop.max_epochs)
+        loop.epoch_loop = trainer.fit_loop.epoch_loop
+        trainer.fit_loop = loop
 
 
 def requeue_slurm_job() -> None:

@@ -148,6 +148,14 @@ def waveforms():
 
 
 @pytest.fixture
+def keep_threads():
+    """Torch's thread count as it was before the test (asr.fit's --threads sets it for the whole process)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def info_messages(monkeypatch) -> list[str]:
     """The messages asr.manifest logs with rank_zero_info during the test (Lightning's logger does not propagate)."""
     messages: list[str] = []

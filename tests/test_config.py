@@ -12,10 +12,8 @@ from contextlib import redirect_stdout
 
 import pytest
 import yaml
-from pytorch_lightning import Trainer
-
 from asr.data import ASRDataModule
-from asr.fit import DEFAULT_CONFIG, main
+from asr.fit import DEFAULT_CONFIG, Trainer, main
 from asr.model import EncoderConfig
 from asr.module import ASRModule
 
@@ -23,7 +21,10 @@ SECTIONS = {"model": ASRModule, "data": ASRDataModule, "trainer": Trainer}
 
 
 def signature_defaults(cls) -> dict:
-    return {name: p.default for name, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+    """Defaults of ``cls``'s arguments, and of its base's where it passes **kwargs on (asr.fit.Trainer)."""
+    parameters = inspect.signature(cls).parameters
+    inherited = signature_defaults(cls.__base__) if any(p.kind is p.VAR_KEYWORD for p in parameters.values()) else {}
+    return inherited | {name: p.default for name, p in parameters.items() if p.default is not p.empty}
 
 
 def plain(value):

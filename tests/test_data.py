@@ -79,7 +79,8 @@ def test_validation_gives_every_rank_the_same_number_of_batches(corpus, world_si
     dm.setup("fit")
     per_rank = []
     for rank in range(world_size):
-        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank)
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, num_devices=world_size,
+                                     strategy=SimpleNamespace(root_device=torch.device("cpu")))
         per_rank.append(list(dm.val_dataloader()))
     assert len({len(batches) for batches in per_rank}) == 1
     texts = {text for batches in per_rank for batch in batches for text in batch.texts}

@@ -85,25 +85,52 @@ class FakeClock(Timer):
         return self.now
 
 
-def test_a_run_bounded_by_max_time_anneals_its_lr_to_the_floor_when_the_time_is_up(char_tokenizer):
-    """10 batches of 10 s under max_time 100 s, endless epochs: batch k's lr is the cosine at (10 k / 100)."""
-    model = module(char_tokenizer, warmup_steps=2, min_lr_ratio=0.1)
+def test_time_bounded_warmup_ends_at_its_share_of_the_time_on_a_slow_machine():
+    """400 warm-up steps tuned on a machine that makes 1,278 in the time; this one makes 175 (issue 37)."""
+    schedule = WarmupCosine(warmup=400, total=None, floor=0.05, duration=900.0, warmup_share=0.3)
+    seconds_per_step = 900.0 / 175
+    schedule.elapsed = 26 * seconds_per_step  # step 26 of 175: 15% of the time, half of warm-up's 30%
+    assert schedule.ramp(26) == pytest.approx(26 / (0.3 * 175))
+    schedule.elapsed = 53 * seconds_per_step  # 30% of the time: warm-up is over, 122 steps of cosine remain
+    assert schedule.ramp(53) == 1.0 and schedule(53) == pytest.approx(cosine(53 / 175, 0.05))
+    for step, ramp in ((383, pytest.approx(383 * 900.0 / 1278 / 270)), (384, 1.0)):  # the tuned machine's 1,278:
+        schedule.elapsed = step * 900.0 / 1278  # its warm-up ends at 30% of them, 384 steps, not 400
+        assert schedule.ramp(step) == ramp
+
+
+def run_for_time(model, seconds: float, tick: float) -> list[float]:
+    """Fit ``model`` on two fixed batches in endless epochs under max_time ``seconds``, each batch taking ``tick``
+    seconds of a fake clock; the lr of each batch."""
     texts = ["nine four", "two five", "call nine", "four two one"]
     batches = []
     for pair in (texts[:2], texts[2:]):
         audio = torch.randn(2, 16000) * 0.1  # 1 s: 25 encoder frames, room for the CTC paths
-        tokens = [torch.tensor(char_tokenizer.encode(t)) for t in pair]
+        tokens = [torch.tensor(model.tokenizer.encode(t)) for t in pair]
         batches.append(Batch(audio, torch.tensor([16000, 14000]), torch.nn.utils.rnn.pad_sequence(tokens, True),
                              torch.tensor([len(t) for t in tokens]), pair))
     lrs = []
     record = LambdaCallback(on_train_batch_start=lambda trainer, *_: lrs.append(trainer.optimizers[0].param_groups[0]["lr"]))
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=-1, callbacks=[FakeClock(100.0, 10.0), record], logger=False,
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=-1, callbacks=[FakeClock(seconds, tick), record], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, DataLoader(batches, batch_size=None, collate_fn=lambda b: b))
+    return lrs
+
+
+def test_a_run_bounded_by_max_time_leaves_a_long_warmup_by_its_share_of_the_time(char_tokenizer):
+    """1,000 warm-up steps, but this machine makes 10 in the time: warm-up ends at 30% of it, batch 3."""
+    lrs = run_for_time(module(char_tokenizer, warmup_steps=1000, warmup_share=0.3, min_lr_ratio=0.1), 100.0, 10.0)
+    expected = [1e-3 * min(1.0, max((k + 1) / 1000, 10 * k / 30)) * cosine(10 * k / 100, 0.1) for k in range(10)]
+    assert lrs == pytest.approx(expected) and max(lrs) > 0.7e-3
+
+
+def test_a_run_bounded_by_max_time_anneals_its_lr_to_the_floor_when_the_time_is_up(char_tokenizer):
+    """10 batches of 10 s under max_time 100 s, endless epochs: batch k's lr is the cosine at (10 k / 100)."""
+    model = module(char_tokenizer, warmup_steps=2, min_lr_ratio=0.1)
+    lrs = run_for_time(model, 100.0, 10.0)
     peak = 1e-3  # AdamW's default lr
     expected = [peak * min(1.0, (k + 1) / 2) * cosine(10 * k / 100, 0.1) for k in range(10)]
     assert lrs == pytest.approx(expected)  # the run stops after batch 9, when its clock reads 100 s
-    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * peak)
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(0.1 * peak)
 
 
 def test_module_without_tokenizer_is_refused_with_the_link_named():

@@ -7,7 +7,3 @@ from asr.augment import Augmentation
 # Every waveform augmentation off (configs/default.yaml turns several on): no randomness in the data,
 # so that a resumed or a distributed run can be compared with an uninterrupted single-process one.
 NO_AUGMENTATION = [arg for f in fields(Augmentation) if f.name.endswith("_prob") for arg in (f"--data.{f.name}", "0")]
-
-# default.yaml's time limit anneals the lr by the wall clock (asr.module.WarmupCosine), so two runs of the same
-# steps (resumed against uninterrupted, two processes against one) differ by how long their steps took.
-NO_TIME_LIMIT = ["--trainer.max_time", "null"]

@@ -24,7 +24,7 @@ import pytest
 import soundfile
 import torch
 
-from tests.cli import NO_AUGMENTATION, NO_TIME_LIMIT
+from tests.cli import NO_AUGMENTATION
 from tests.faults import signal_at
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ SMALL = ["--model.d_model", "64", "--model.n_heads", "2", "--model.n_layers", "2
          "--data.max_batch_seconds", "8"]
 # no randomness left after the seed: a resumed run must then repeat the uninterrupted one exactly
 DETERMINISTIC = ["--model.dropout", "0", "--model.attention_dropout", "0", "--model.spec_augment", "false",
-                 "--data.speed_perturb", "[1.0]", *NO_AUGMENTATION, *NO_TIME_LIMIT,
+                 "--data.speed_perturb", "[1.0]", *NO_AUGMENTATION,
                  "--trainer.log_every_n_steps", "1", "--test", "false"]
 STEP_CHECKPOINTS = '--trainer.callbacks+={"class_path": "pytorch_lightning.callbacks.ModelCheckpoint", ' \
                    '"init_args": {"filename": "last", "save_top_k": 1, "enable_version_counter": false, ' \

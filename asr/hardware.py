@@ -1,7 +1,8 @@
 """What this machine is good at: precision, torch threads and data workers, chosen once at start-up.
 
-``trainer.precision: auto`` (configs/default.yaml, the recipes, the study grids) resolves here, the same
-way in every process of a run:
+``trainer.precision: auto`` (asr.fit.Trainer's default, so the default run's and the study's; the recipes say
+it) resolves here, before the run's classes are built, the same way in every process of a run (each reads the
+same cached peaks):
 
 - a CUDA GPU: ``bf16-mixed`` from compute capability 8.0 (A100, H100, L4, RTX 30xx/40xx), else
   ``16-mixed`` (V100, T4), fp16 with Lightning's loss scaler;
@@ -9,7 +10,7 @@ way in every process of a run:
   as fast as its fp32 ones, else ``32-true``. The rates are asr.cost's measured and cached CPU peaks
   (``cpu_peak_flops``), the same numbers MFU is computed against. CPUs differ a hundredfold here: one
   with AVX512-BF16 or AMX runs bf16 several times faster than fp32, one with AVX2 only emulates it,
-  ~100x slower (docs/benchmarks.md).
+  100-300x slower (0.9 GFLOP/s against fp32's 86-309: docs/benchmarks.md, 2026-11-26).
 
 ``--threads auto`` and ``--data.num_workers auto`` split the cores between the training step's torch threads
 and the DataLoader workers that read and augment audio (see ``cpu_threads`` and ``data_workers``).
@@ -102,8 +103,8 @@ def data_workers(cores: int, on_gpu: bool, processes: int = 1) -> int:
 
 def cpu_threads(cores: int, workers: int) -> int:
     """Torch threads of a CPU training process with ``cores`` to itself: all of them up to 3 cores, else all
-    but one per data worker. On 2 cores one thread and two trained the default run equally fast (0.17-0.24 s
-    a step either way, docs/benchmarks.md 2026-11-26), so torch's own default stays there. From 4 cores up
+    but one per data worker. On 2 cores one thread and two trained the default run equally fast (0.17-0.26 s
+    a step either way, natively and under AVX2: docs/benchmarks.md 2026-11-26), so torch's own default stays there. From 4 cores up
     (argued, not measured here) a worker that takes a core from one of the step's threads stalls the others
     at their next barrier, so the workers get cores of their own."""
     return max(1, cores - workers) if cores >= 4 else cores

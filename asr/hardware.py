@@ -8,9 +8,10 @@ same cached peaks):
   ``16-mixed`` (V100, T4), fp16 with Lightning's loss scaler;
 - a CPU: ``bf16-mixed`` only where this CPU's bf16 matrix products are at least ``CPU_BF16_MARGIN`` times
   as fast as its fp32 ones, else ``32-true``. The rates are asr.cost's measured and cached CPU peaks
-  (``cpu_peak_flops``), the same numbers MFU is computed against. CPUs differ a hundredfold here: one
-  with AVX512-BF16 or AMX runs bf16 several times faster than fp32, one with AVX2 only emulates it,
-  100-300x slower (0.9 GFLOP/s against fp32's 86-309: docs/benchmarks.md, 2026-11-26).
+  (``cpu_peak_flops``), the same numbers MFU is computed against. CPUs differ a hundredfold here: one ran
+  bf16 4.8x faster than fp32, another (avx512_bf16 among its flags) no faster, and one with AVX2 only emulates
+  it, 100-300x slower (0.9 GFLOP/s against fp32's 86-309: docs/benchmarks.md, 2026-11-26). So it is measured,
+  not read off the CPU's flags.
 
 ``--threads auto`` and ``--data.num_workers auto`` split the cores between the training step's torch threads
 and the DataLoader workers that read and augment audio (see ``cpu_threads`` and ``data_workers``).

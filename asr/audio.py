@@ -115,10 +115,14 @@ class FeatureConfig:
     win_seconds: float = 0.025  # analysis window length; n_fft = window in samples
     n_mels: int = 80  # only for kind="mel"
     norm: FeatureNorm = "bin"  # see normalise: "bin" (each bin's own variance) or "shared" (one variance over all bins)
+    var_floor: float = 0.0  # see normalise: the least variance an utterance is scaled by (0: none)
 
     @staticmethod
-    def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels, norm: FeatureNorm = norm) -> "FeatureConfig":
+    def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels, norm: FeatureNorm = norm,
+               var_floor: float = var_floor) -> "FeatureConfig":
         """The 8 kHz (linear, 20 ms) or 16 kHz (mel, 25 ms) preset; ``kind`` overrides the type."""
+        if sample_rate < 4000:
+            raise ValueError(f"sample_rate must be at least 4000 Hz, got {sample_rate}")
         if kind == "auto":
             kind = "linear" if sample_rate <= 8000 else "mel"
         if kind not in ("mel", "linear"):
@@ -127,8 +131,11 @@ class FeatureConfig:
             raise ValueError(f"n_mels must be >= 1, got {n_mels}")
         if norm not in get_args(FeatureNorm):
             raise ValueError(f"feature normalisation must be one of {get_args(FeatureNorm)}, got {norm!r}")
+        if var_floor < 0:
+            raise ValueError(f"the feature variance floor must be >= 0, got {var_floor}")
         win = 0.025 if kind == "mel" else 0.020
-        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels, norm=norm)
+        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels, norm=norm,
+                             var_floor=var_floor)
 
     @property
     def win_length(self) -> int:
@@ -200,15 +207,18 @@ class FeatureExtractor(nn.Module):
             frame_lengths = num_frames(lengths, cfg.sample_rate)
             if not torch.compiler.is_exporting():  # a tensor's value: torch.export (asr.export) cannot keep it
                 feats = feats[:, : int(frame_lengths.max())]  # (B, T, F); wider only if padded past the longest
-            return normalise(feats, frame_lengths, shared=cfg.norm == "shared"), frame_lengths
+            return normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor), frame_lengths
 
 
-def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False) -> torch.Tensor:
+def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0) -> torch.Tensor:
     """Per utterance: each bin to zero mean over the first ``lengths`` frames, then to unit variance, each bin
-    by its own or, ``shared``, all bins by their mean variance; padding -> 0.
+    by its own or, ``shared``, all bins by their mean variance, but never by less than ``floor``; padding -> 0.
 
     Shared keeps the bins' relative scale: a band with no signal (above 4 kHz in 8 kHz audio resampled to
     16 kHz) stays near 0, where a bin's own variance would blow its residue up to the scale of speech.
+    The floor does the same for a whole utterance without speech: the log power of steady noise varies by
+    about 0.7 (natural log units, squared), of dither after 16-bit rounding by nearly 0, of speech by 8.5
+    to 19 (shared, data/mini's dev set); scaled to unit variance, noise looked like speech to the model.
     """
     mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
     count = lengths.clamp(min=1).to(feats.dtype)[:, None, None]  # (B, 1, 1)
@@ -216,7 +226,7 @@ def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False) 
     var = ((feats - mean).pow(2) * mask).sum(1, keepdim=True) / count  # (B, 1, F)
     if shared:
         var = var.mean(2, keepdim=True)  # (B, 1, 1)
-    return (feats - mean) / (var + 1e-5).sqrt() * mask
+    return (feats - mean) / (var.clamp(min=floor) + 1e-5).sqrt() * mask
 
 
 class SpecAugment(nn.Module):

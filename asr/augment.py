@@ -3,7 +3,8 @@
 Each effect is a plain function of a (n,) float32 waveform at ``sample_rate`` Hz. ``Augmenter``
 applies the ones switched on in an ``Augmentation`` (each with its probability and a range to draw
 from), in the order a recording happens: speaker (tempo, pitch), room (reverb), noise, channel
-(telephone band), level (gain). ``ASRDataset.load`` calls it on training audio only; validation and
+(telephone band), level (gain). Before them, ``nonspeech_prob`` may put non-speech (asr.nonspeech) in
+the utterance's place, with an empty transcript. ``ASRDataset.load`` calls it on training audio only; validation and
 test are never augmented. Every draw comes from one ``torch.Generator``, so a seed fixes the result.
 
     python -m asr.fit --data.noise_prob 0.5 --data.reverb_prob 0.3 --data.telephone_prob 0.2
@@ -20,6 +21,7 @@ import torch
 import torchaudio.functional as AF
 
 from asr.audio import fast_fft_length, resample
+from asr.nonspeech import KINDS, clip, pink_noise, uniform, white_noise
 
 if TYPE_CHECKING:
     from asr.data import ASRDataset
@@ -55,6 +57,7 @@ class Augmentation:
     gain_db: tuple[float, float] = (-6.0, 6.0)
     telephone_prob: float = 0.0
     telephone_8khz: bool = True
+    nonspeech_prob: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Mapping) -> Augmentation:
@@ -88,10 +91,6 @@ class Augmentation:
             raise ValueError("data.tempo_factors and data.reverb_rt60 must be positive, data.babble_voices at least 1")
 
 
-def uniform(generator: torch.Generator, low: float, high: float) -> float:
-    return low + (high - low) * float(torch.rand((), generator=generator))
-
-
 def happens(prob: float, generator: torch.Generator) -> bool:
     """True with probability ``prob``; draws nothing when ``prob`` is 0, so an effect switched off changes no draw."""
     return prob > 0 and float(torch.rand((), generator=generator)) < prob
@@ -118,18 +117,6 @@ def shift_pitch(wave: torch.Tensor, sample_rate: int, semitones: float) -> torch
     played_at = round(sample_rate * 2 ** (semitones / 12) / step) * step  # Hz; kept a multiple of step: small kernel
     longer = stretch(wave, sample_rate, sample_rate / played_at)  # n * played_at / sample_rate samples
     return resample(longer, played_at, sample_rate)[: wave.shape[0]]  # every frequency times played_at / rate
-
-
-def white_noise(length: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(length, generator=generator)
-
-
-def pink_noise(length: int, generator: torch.Generator) -> torch.Tensor:
-    """(length,) noise whose power falls as 1/f (equal energy per octave)."""
-    n = fast_fft_length(length)
-    spectrum = torch.fft.rfft(torch.randn(n, generator=generator))
-    freqs = torch.arange(spectrum.shape[0], dtype=torch.float32).clamp(min=1.0)
-    return torch.fft.irfft(spectrum / freqs.sqrt(), n=n)[:length]
 
 
 def babble(length: int, voices: list[torch.Tensor], generator: torch.Generator) -> torch.Tensor:
@@ -208,8 +195,16 @@ class Augmenter:
 
     def __call__(self, wave: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """``generator`` fixes every draw; by default one is seeded from torch's (per-worker) global RNG."""
+        return self.augment(wave, generator)[0]
+
+    def augment(self, wave: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
+        """The augmented waveform, and whether it is still speech: with ``nonspeech_prob`` it became
+        non-speech of its own length (a kind of asr.nonspeech.KINDS), whose transcript is empty."""
         s, rate = self.settings, self.sample_rate
         g = generator or torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+        speech = not happens(s.nonspeech_prob, g)
+        if not speech:  # then the room, the line and the level as for speech
+            wave = clip(KINDS[int(torch.randint(len(KINDS), (), generator=g))], 0, rate, g, length=wave.shape[0])
         if happens(s.tempo_prob, g):
             wave = stretch(wave, rate, uniform(g, *s.tempo_factors))
         if happens(s.pitch_prob, g):
@@ -222,7 +217,7 @@ class Augmenter:
             wave = telephone(wave, rate, s.telephone_8khz)
         if happens(s.gain_prob, g):
             wave = gain(wave, uniform(g, *s.gain_db))
-        return wave.float()
+        return wave.float(), speech
 
     def noise(self, length: int, g: torch.Generator) -> torch.Tensor:
         """(length,) noise of a kind drawn from ``noise_kinds`` (babble only with ``voices``)."""

@@ -142,6 +142,23 @@ def save(checkpoint: dict, output: Path) -> None:
         torch.save(checkpoint, partial)
 
 
+def precious(output: Path, inputs: list[Path]) -> str:
+    """Why writing ``output`` would destroy what a user wants back: it is one of the ``inputs``, or a
+    checkpoint a run can resume from (its optimizer and loop state would be lost); "" if neither."""
+    if not output.exists():
+        return ""
+    if any(output.resolve() == Path(p).resolve() for p in inputs):
+        return f"{output} is also an input; write the output elsewhere"
+    try:
+        checkpoint = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - anything unreadable is not a checkpoint to keep
+        return ""
+    if isinstance(checkpoint, dict) and "optimizer_states" in checkpoint:
+        return (f"{output} is a checkpoint a run resumes from (--ckpt_path); replacing it would lose its "
+                "optimizer and loop state: write the output elsewhere")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m asr.average", description=__doc__.split("\n\n")[0])
     parser.add_argument("output", help="the averaged .ckpt to write")
@@ -157,8 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         paths = select(Path(args.inputs[0]), args.last, args.best) if args.last or args.best else \
             [Path(p) for p in args.inputs]
+        refused = precious(Path(args.output), paths)
+        if refused:
+            raise AverageError(f"not written: {refused}")
         save(average(paths), Path(args.output))
-    except AverageError as err:
+    except (AverageError, OSError) as err:  # OSError: the output's folder cannot be written, or is full
         sys.exit(f"{parser.prog}: error: {err}")
     print(f"{args.output}: the average of {len(paths)} checkpoints: " + ", ".join(str(p) for p in paths))
 

@@ -146,6 +146,9 @@ def attention_flops(frames: torch.Tensor, d_model: int, window: int) -> torch.Te
 
 
 def check_heads(cfg: EncoderConfig) -> None:
+    for name in ("d_model", "n_heads", "n_layers", "ff_mult"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"model.{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.d_model % cfg.n_heads:
         raise ValueError(f"model.d_model ({cfg.d_model}) must be divisible by model.n_heads ({cfg.n_heads})")
 

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from asr.atomic import write_atomically
+from asr.average import precious
 
 METADATA = "meta.pt"  # what Lightning writes beside the shards: everything but weights and optimizer state
 
@@ -63,9 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folder", help="a sharded checkpoint folder written with save_distributed_checkpoint: true")
     parser.add_argument("output", help="the .ckpt file to write")
     args = parser.parse_args(argv)
+    refused = precious(Path(args.output), [])
+    if refused:
+        sys.exit(f"python -m asr.convert: error: not written: {refused}")
     try:
         print(f"wrote {convert(args.folder, args.output)}")
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # OSError: the output's folder cannot be written, or is full
         sys.exit(f"python -m asr.convert: error: {err}")
 
 

@@ -11,6 +11,7 @@ kept in memory (``AudioCache``, ``cache_audio_mb``): then it is not read again.
 from __future__ import annotations
 
 from functools import cached_property, partial
+from pathlib import Path
 from typing import Callable, Literal, NamedTuple
 
 import pytorch_lightning as pl
@@ -27,6 +28,9 @@ from asr.model import EncoderConfig, encoder_frames
 from asr.resilience import end_data_workers_at_exit, init_data_worker
 from asr.sampler import BucketBatchSampler, ResumableLoader, split_item
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
+
+
+BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and file dropped, FILE:LINE: reason
 
 
 class Batch(NamedTuple):
@@ -69,7 +73,8 @@ class ASRDataset(Dataset):
     augmentation (Ko et al., 2015). The sampler picks the speed: ``load(item)`` takes its items
     (asr.sampler.split_item), so ``dataset[[i, j, ...]]`` plays utterances at speed_perturb[0] if
     the indices are under ``len(dataset)``.
-    ``augment`` (asr.augment, training only) then changes voice, room, noise, channel and level.
+    ``augment`` (asr.augment, training only) then changes voice, room, noise, channel and level, and
+    may replace the utterance by non-speech (``data.nonspeech_prob``), whose tokens are then none.
     """
 
     def __init__(self, utterances: list[mf.Utterance], tokens: list[list[int]], sample_rate: int,
@@ -78,6 +83,7 @@ class ASRDataset(Dataset):
         self.speed_perturb = speed_perturb
         self.cache = AudioCache() if cache is None else cache
         self.augment: Augmenter | None = None
+        self.fastest: list[int] | None = None  # per utterance, its fastest playable speed's index (None: any)
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -85,10 +91,14 @@ class ASRDataset(Dataset):
     def load(self, item: int) -> torch.Tensor:
         """A sampler item's waveform (n,) float32: its utterance at its speed, augmented; AudioError
         naming its manifest line if it cannot be read."""
+        return self.load_item(item)[0]
+
+    def load_item(self, item: int) -> tuple[torch.Tensor, bool]:
+        """``load``'s waveform, and whether it is still the utterance's speech (see ``augment``)."""
         speed_index, i = split_item(item, len(self))
         speed = self.speed_perturb[speed_index]
         wave = self.cache.get((i, speed), partial(self.read, i, speed))
-        return self.augment(wave) if self.augment else wave
+        return self.augment.augment(wave) if self.augment else (wave, True)
 
     def read(self, i: int, speed: float = 1.0) -> torch.Tensor:
         """Utterance ``i``'s audio played at ``speed``: (n,) float32; AudioError naming its manifest line."""
@@ -96,6 +106,9 @@ class ASRDataset(Dataset):
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
             check_finite(samples, "audio")
+            if len(samples) < rate * (utt.duration - mf.DURATION_TOLERANCE[0]) / (1 + mf.DURATION_TOLERANCE[1]):
+                raise AudioError(f"{utt.audio_filepath}: {len(samples) / rate:.3f} s of audio where start-up "
+                                 f"found {utt.duration:.3f} s: cut short since")
         except AudioError as err:
             raise AudioError(f"{utt.source}: {err}") from err
         return resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
@@ -106,18 +119,21 @@ class ASRDataset(Dataset):
         A batch is never empty: if all fail, the next readable utterance stands in, so that
         every rank still steps and enters the same collectives (DDP, FSDP).
         """
-        kept, audio, dropped = [], [], []
+        kept, audio, speech, dropped = [], [], [], []
         for item in indices:
             try:
-                audio.append(self.load(item))
+                wave, is_speech = self.load_item(item)
+                audio.append(wave)
+                speech.append(is_speech)
                 kept.append(split_item(item, len(self))[1])
             except AudioError as err:  # a file deleted or truncated since setup checked it
                 dropped.append(str(err))
         if not kept:
             stand_in, waveform = self.first_readable(split_item(indices[-1], len(self))[1] + 1)
-            kept, audio = [stand_in], [waveform]
-        tokens = [torch.tensor(self.tokens[i], dtype=torch.long) for i in kept]
-        return collate(audio, tokens, [self.utterances[i].text for i in kept])._replace(dropped=tuple(dropped))
+            kept, audio, speech = [stand_in], [waveform], [True]
+        tokens = [torch.tensor(self.tokens[i] if said else [], dtype=torch.long) for i, said in zip(kept, speech)]
+        texts = [self.utterances[i].text if said else "" for i, said in zip(kept, speech)]
+        return collate(audio, tokens, texts)._replace(dropped=tuple(dropped))
 
     def first_readable(self, start: int) -> tuple[int, torch.Tensor]:
         """The first utterance from ``start`` on (wrapping round) whose audio loads, and its waveform."""
@@ -164,7 +180,7 @@ class ASRDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         min_duration: float = 0.1,
         max_duration: float = 20.0,
-        on_bad_line: Literal["error", "skip"] = "error",
+        on_bad_line: Literal["error", "skip"] = "skip",
         max_dropped_share: float = 0.01,
         num_workers: int | Auto = AUTO,
         cache_audio_mb: float = 0.0,
@@ -184,6 +200,7 @@ class ASRDataModule(pl.LightningDataModule):
         gain_db: tuple[float, float] = Augmentation.gain_db,
         telephone_prob: float = Augmentation.telephone_prob,
         telephone_8khz: bool = Augmentation.telephone_8khz,
+        nonspeech_prob: float = Augmentation.nonspeech_prob,
     ):
         """
         Args:
@@ -200,10 +217,13 @@ class ASRDataModule(pl.LightningDataModule):
             shuffle: new training batches in random order each epoch; false keeps them sorted by length.
             min_duration: utterances shorter than this (seconds) are bad lines.
             max_duration: utterances longer than this (seconds), or than max_batch_seconds, are bad lines.
-            on_bad_line: "error" stops before training and lists bad lines; "skip" drops and counts them.
-            max_dropped_share: audio that fails to load mid-run (deleted or truncated since start-up) is
-                dropped from its batch and named once; above this share of a split in one pass the run stops
-                and lists them.
+            on_bad_line: "skip" drops bad lines (unreadable, truncated or empty audio, bad JSON, text too long
+                for the audio, ...), counts them by reason and lists them in the run folder's bad_lines.txt;
+                "error" stops before training at the first manifest with any.
+            max_dropped_share: the one limit on bad data: with on_bad_line skip, more bad lines than this share
+                of a manifest's stop the run before training; audio that fails to load mid-run (deleted or cut
+                short since start-up) is dropped from its batch and named, and more than this share of a
+                split failing in one pass stops the run.
             num_workers: DataLoader worker processes that read, resample and augment audio; "auto": one per CPU
                 training process with 2+ cores to itself, its share of the cores less one (at most 8) per GPU.
             cache_audio_mb: megabytes of read audio (each utterance at each speed it was played at) that each
@@ -225,12 +245,21 @@ class ASRDataModule(pl.LightningDataModule):
             gain_db: [low, high] gain in dB.
             telephone_prob: probability of a telephone channel: 300-3400 Hz band and 8-bit mu-law.
             telephone_8khz: the telephone channel also resamples to 8 kHz and back.
+            nonspeech_prob: probability that a training utterance is replaced by non-speech of its length
+                (silence, dither, white, pink or brown noise, mains hum, DTMF, dial and ringing tones, clicks:
+                asr.nonspeech) with an empty transcript, so that the model learns to write nothing there; room,
+                noise, line and level apply as to speech.
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
         if num_workers != AUTO and num_workers < 0:
             raise ValueError(f"data.num_workers must be 'auto' or >= 0, got {num_workers}")
+        if max_batch_seconds <= 0 or not 0 <= min_duration < max_duration:
+            raise ValueError(f"data.max_batch_seconds must be > 0 and 0 <= data.min_duration < data.max_duration, got "
+                             f"{max_batch_seconds:g}, {min_duration:g} and {max_duration:g}")
+        if tokenizer_vocab_size < 2:
+            raise ValueError(f"data.tokenizer_vocab_size must be at least 2 (the blank and one piece), got {tokenizer_vocab_size}")
         if cache_audio_mb < 0:
             raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
         if not 0 <= max_dropped_share <= 1:
@@ -244,11 +273,22 @@ class ASRDataModule(pl.LightningDataModule):
     def tokenizer(self) -> Tokenizer:
         hp = self.hparams
         if hp.tokenizer_model:
-            return Tokenizer.load(hp.tokenizer_model)
+            try:
+                return Tokenizer.load(hp.tokenizer_model)
+            except (OSError, RuntimeError, ValueError) as err:  # missing, a folder, not a sentencepiece model
+                reason = "no such file" if isinstance(err, FileNotFoundError) else \
+                    "a folder, not a file" if isinstance(err, IsADirectoryError) else \
+                    f"not a sentencepiece model of asr ({' '.join(str(err).split())[:160]})"
+                raise ValueError(f"data.tokenizer_model {hp.tokenizer_model}: {reason}") from err
         utterances, _ = parse_split(hp.train_manifest, "train")
         if not utterances:
             raise mf.ManifestError(f"{hp.train_manifest}: no usable line to train the tokenizer on")
-        tokenizer = Tokenizer.train((u.text for u in utterances), hp.tokenizer_type, hp.tokenizer_vocab_size)
+        try:
+            tokenizer = Tokenizer.train((u.text for u in utterances), hp.tokenizer_type, hp.tokenizer_vocab_size)
+        except RuntimeError as err:  # sentencepiece's trainer: e.g. a vocabulary smaller than the text's characters
+            raise ValueError(f"data.tokenizer_vocab_size {hp.tokenizer_vocab_size}: sentencepiece cannot train a "
+                             f"{hp.tokenizer_type} tokenizer of that size on {hp.train_manifest} "
+                             f"({' '.join(str(err).split())[:160]})") from err
         rank_zero_info(
             f"trained a {hp.tokenizer_type} tokenizer of {tokenizer.vocab_size} pieces on "
             f"{len(utterances)} lines of {hp.train_manifest}"
@@ -275,30 +315,37 @@ class ASRDataModule(pl.LightningDataModule):
         hp = self.hparams
         utterances, problems = parse_split(path, split)
         total = len(utterances) + len(problems)
-        good, tokens, notes = [], [], []
-        fastest = max(speed_perturb) * augmentation.fastest
+        good, tokens, notes, fastest = [], [], [], []
+        by_speed = sorted(range(len(speed_perturb)), key=speed_perturb.__getitem__)  # slowest first
         for utt in utterances:
             checked, note = mf.check_audio(utt, hp.sample_rate, hp.resample)
             ids = self.tokenizer.encode(checked.text) if isinstance(checked, mf.Utterance) else []
-            problem = checked if isinstance(checked, mf.Problem) else self.check_utterance(checked, ids, fastest)
+            problem = checked if isinstance(checked, mf.Problem) else self.check_utterance(checked, ids)
+            fits = [] if problem else [k for k in by_speed if not self.too_fast(checked, ids, speed_perturb[k] *
+                                                                                  augmentation.fastest)]
+            if not problem and not fits:
+                problem = self.too_fast(checked, ids, speed_perturb[by_speed[0]] * augmentation.fastest)
             if problem:
                 problems.append(problem)
             else:
                 good.append(checked)
                 tokens.append(ids)
                 notes.append(note)
-        mf.report(sorted(problems, key=_line_order), path, total, hp.on_bad_line)
+                fastest.append(fits[-1])
+        mf.report(sorted(problems, key=_line_order), path, total, hp.on_bad_line, hp.max_dropped_share,
+                  self.bad_lines_file)
         mf.say_notes(notes, path, hp.sample_rate)
         if not good:
             raise mf.ManifestError(f"{path}: no usable utterance")
         dataset = ASRDataset(good, tokens, hp.sample_rate, speed_perturb, AudioCache(hp.cache_audio_mb))
+        dataset.fastest = fastest if any(k != by_speed[-1] for k in fastest) else None
         if augmentation.on:  # babble voices: unaugmented, at speed 1, from the same cache
             voices = partial(random_voice, ASRDataset(good, tokens, hp.sample_rate, cache=dataset.cache))
             dataset.augment = Augmenter(augmentation, hp.sample_rate, voices)
         return dataset
 
-    def check_utterance(self, utt: mf.Utterance, ids: list[int], fastest: float = 1.0) -> mf.Problem | None:
-        """Duration bounds, text the tokenizer knows, and enough encoder frames for CTC at speed ``fastest``."""
+    def check_utterance(self, utt: mf.Utterance, ids: list[int]) -> mf.Problem | None:
+        """Duration bounds and text the tokenizer knows (CTC feasibility: ``too_fast``)."""
         hp = self.hparams
         longest = min(hp.max_duration, hp.max_batch_seconds)  # a longer one would not fit in a batch
         if not hp.min_duration <= utt.duration <= longest:
@@ -306,11 +353,17 @@ class ASRDataModule(pl.LightningDataModule):
             return mf.Problem(utt.source, "duration out of bounds", f"{utt.duration:.2f} s is outside {bounds}")
         if UNK_ID in ids:
             return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer lacks")
-        samples = int(utt.duration / fastest * hp.sample_rate)
+        return None
+
+    def too_fast(self, utt: mf.Utterance, ids: list[int], speed: float = 1.0) -> mf.Problem | None:
+        """A Problem if, played at ``speed``, the utterance gives too few encoder frames for CTC to emit ``ids``."""
+        hp = self.hparams
+        samples = int(utt.duration / speed * hp.sample_rate)
         frames = encoder_frames(samples, hp.sample_rate, hp.subsampling)
         needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # CTC needs a blank between repeats
         if needed > frames:
-            detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s gives {frames} encoder frames"
+            at = f" at speed {speed:g}" if speed != 1.0 else ""
+            detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s{at} gives {frames} encoder frames"
             return mf.Problem(utt.source, "too short for its transcript", detail)
         return None
 
@@ -320,6 +373,7 @@ class ASRDataModule(pl.LightningDataModule):
         sampler = BucketBatchSampler(
             [u.duration for u in dataset.utterances], self.hparams.max_batch_seconds, shuffle=shuffle,
             seed=self.hparams.seed, num_replicas=world, rank=rank, speeds=dataset.speed_perturb,
+            fastest=dataset.fastest,
         )
         workers = self.workers
         if workers:
@@ -328,8 +382,15 @@ class ASRDataModule(pl.LightningDataModule):
                                  num_workers=workers, persistent_workers=workers > 0, pin_memory=self.on_gpu,
                                  worker_init_fn=partial(init_data_worker, rank=rank))
         loader.faults = self.faults.setdefault(
-            split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer))
+            split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer, self.bad_lines_file))
         return loader
+
+    @property
+    def bad_lines_file(self) -> Path | None:
+        """The run folder's list of every bad line and failed file (rank 0 writes it); None outside a run."""
+        trainer = self.trainer
+        folder = getattr(trainer, "log_dir", None)
+        return None if folder is None or trainer.global_rank != 0 else Path(folder) / BAD_LINES_FILE
 
     @cached_property
     def workers(self) -> int:

@@ -10,6 +10,7 @@ names to this split's ``DataFaults`` in the main process.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
@@ -32,8 +33,9 @@ class DataFaults:
     all ranks raise the same error.
     """
 
-    def __init__(self, split: str, size: int, max_share: float, trainer=None):
+    def __init__(self, split: str, size: int, max_share: float, trainer=None, listing: Path | None = None):
         self.split, self.size, self.max_share, self.trainer = split, size, max_share, trainer
+        self.listing = listing  # where each failure is also appended (the run folder's bad_lines.txt)
         self.named: set[str] = set()
         self.in_pass: list[str] = []  # this rank's failures since the pass began
 
@@ -46,6 +48,9 @@ class DataFaults:
         for fault in dropped:
             if fault not in self.named:
                 self.named.add(fault)
+                if self.listing is not None:
+                    with open(self.listing, "a") as f:
+                        f.write(f"{fault} (failed mid-run, {self.split})\n")
                 warnings.warn(self.say(
                     f"dropped a {self.split} utterance whose audio no longer loads: {fault} ({len(self.in_pass)} "
                     f"of {self.size} in this pass; above data.max_dropped_share={self.max_share} the run stops)"

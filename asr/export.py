@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.atomic import write_atomically
+from asr.average import precious
 from asr.decoding import greedy
 from asr.tokenizer import BLANK_ID, Tokenizer
 
@@ -245,10 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not Path(args.checkpoint).is_file():
         parser.error(f"checkpoint {args.checkpoint}: no such file")
+    refused = precious(Path(args.output), [Path(args.checkpoint)])
+    if refused:
+        sys.exit(f"{parser.prog}: error: not written: {refused}")
     start = time.perf_counter()
     try:
         result = export(args.checkpoint, args.output)
-    except RuntimeError as err:
+    except (RuntimeError, OSError) as err:  # OSError: the output's folder cannot be written, or is full
         sys.exit(f"{parser.prog}: error: {err}")
     size = Path(args.output).stat().st_size / 2**20
     print(f"{args.output}: {size:.1f} MiB, exported in {time.perf_counter() - start:.1f} s\n{result}")

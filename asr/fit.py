@@ -15,32 +15,40 @@ subsampling to the data, so none of them is typed twice. After fitting, the best
 checkpoint is evaluated on ``data.test_manifest`` (``--test false`` skips that).
 
 Exit status: 0 when training finished or was preempted (SIGTERM / SIGUSR1: a checkpoint was written,
-see asr.resilience); otherwise non-zero with one line saying why, e.g. a collective that timed
-out after ``--collective_timeout`` minutes, named by rank and hook.
+see asr.resilience); 130 after Ctrl-C (SIGINT), which writes the same checkpoint; otherwise non-zero
+with one line saying why, e.g. a collective that timed out after ``--collective_timeout`` minutes,
+named by rank and hook.
 """
 
 from __future__ import annotations
 
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import warnings
+import zipfile
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
 import pytorch_lightning as pl
 import torch
+import yaml
 from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from asr.audio import AudioError
 from asr.data import ASRDataModule, parse_split
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.manifest import ManifestError
 from asr.module import ASRModule, NonFiniteLossError
-from asr.resilience import (COLLECTIVE_TIMEOUT_MINUTES, FitLoop, Preempted, describe_failure, is_collective_timeout,
-                            newest_checkpoint, set_collective_timeout)
+from asr.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,
+                            is_collective_timeout, last_checkpoints, set_collective_timeout)
+from asr.tokenizer import Tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "default.yaml"
@@ -75,6 +83,9 @@ class ASRCLI(LightningCLI):
         parser.add_argument("--threads", type=int | Auto, default=AUTO,
                             help="torch threads of the training step; 'auto': this process's share of the cores, "
                                  "less the data workers' on 4 cores and up (asr.hardware)")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="train into a run folder that already holds a run (a logger version given "
+                                 "explicitly), replacing its files; without it such a run is refused")
         parser.add_argument("--test", type=bool, default=True, help="after fitting, score the test set (with the weights --test_checkpoint names)")
         parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
                             help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "
@@ -129,19 +140,105 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
         )
 
 
-def check_resumable(path: str | None) -> dict:
-    """Refuse a --ckpt_path that holds weights only (asr.average's output): Lightning's own error blames
-    save_weights_only. Returns how far the checkpoint's run got: {"steps": optimizer steps, "epochs": epochs
-    finished} ({} for a sharded folder, which is Lightning's to read, or no checkpoint)."""
+def read_checkpoint(path: str) -> dict:
+    """A checkpoint file's contents (tensors memory-mapped, no pickled code run); ConfigError naming
+    --ckpt_path and the reason if it is missing or not a whole checkpoint."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except FileNotFoundError:
+        raise ConfigError(f"--ckpt_path {path}: no such file") from None
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        reason = " ".join(str(err).split()).split(". ")[0][:160] or "empty or cut short"  # torch adds advice
+        raise ConfigError(f"--ckpt_path {path}: not a readable checkpoint of asr.fit ({type(err).__name__}: "
+                          f"{reason}); a copy cut short, or another kind of file?") from err
+
+
+def check_resumable(path: str | None, module: ASRModule | None = None) -> dict:
+    """Refuse a --ckpt_path that is unreadable, holds weights only (asr.average's output: Lightning's own
+    error blames save_weights_only), or (given this run's ``module``) another model: see ``same_model``.
+    Returns how far the checkpoint's run got: {"steps": optimizer steps, "epochs": epochs finished}
+    ({} for a sharded folder, which is Lightning's to read, or no checkpoint)."""
     if path is None or Path(path).is_dir():
         return {}
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    checkpoint = read_checkpoint(path)
     if "optimizer_states" not in checkpoint:
         made_by = " (an average of checkpoints, by asr.average)" if "averaged_from" in checkpoint else ""
         raise ConfigError(f"--ckpt_path {path} holds model weights only{made_by}, no optimizer or loop state: "
                           "it transcribes, but cannot resume training.")
+    differs = same_model(checkpoint, module) if module is not None else ""
+    if differs:
+        raise ConfigError(f"--ckpt_path {path} is not this run's model: {differs}. Resume with the settings "
+                          "it was trained with (its run folder's config.yaml).")
     epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
     return {"steps": checkpoint.get("global_step", 0), "epochs": epochs.get("processed", 0)}
+
+
+def check_fresh_folder(trainer: pl.Trainer) -> None:
+    """Refuse to start a new run in a folder that holds one (its checkpoints, metrics.csv): given a logger
+    version of a finished run, Lightning would replace them without a word."""
+    folder = Path(trainer.log_dir) if trainer.log_dir else None
+    held = [p for p in (*folder.glob("checkpoints/*.ckpt"), folder / "metrics.csv") if p.exists()] if folder else []
+    if held:
+        raise ConfigError(f"run folder {folder} already holds a run ({', '.join(p.name for p in held[:3])}"
+                          f"{' ...' if len(held) > 3 else ''}): continue it with --ckpt_path last, replace it with "
+                          "--overwrite true, or leave trainer.logger.init_args.version unset for a new version")
+
+
+def check_room(trainer: pl.Trainer, module: ASRModule) -> None:
+    """The run folder can be written, and has room for two checkpoints of this model (one being written
+    beside the last: weights and AdamW's two moments in fp32, 12 bytes a parameter, and 10% more)."""
+    folder = Path(trainer.log_dir or trainer.default_root_dir)
+    existing = next(p for p in (folder, *folder.parents) if p.exists())  # what the run will create its folder in
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ConfigError(f"run folder {folder} cannot be written ({err.strerror or err}): choose another with "
+                          "--trainer.logger.init_args.save_dir") from err
+    needed = 2 * 1.1 * 12 * sum(p.numel() for p in module.parameters())
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise ConfigError(f"run folder {folder} has {free / 2**20:.1f} MiB free, and two checkpoints of this model "
+                          f"need {needed / 2**20:.1f} MiB: free some space or choose another save_dir")
+
+
+def check_training(cli: ASRCLI) -> None:
+    """Settings that no constructor checks but that would fail in the first step, or train nothing."""
+    trainer = cli.trainer
+    if trainer.max_epochs == 0 or trainer.max_steps == 0:
+        flag = "max_epochs" if trainer.max_epochs == 0 else "max_steps"
+        raise ConfigError(f"trainer.{flag} 0 trains nothing; to score a checkpoint, use python -m asr.transcribe "
+                          "--checkpoint CKPT data/mini/test.jsonl")
+    if trainer.accumulate_grad_batches < 1:
+        raise ConfigError(f"trainer.accumulate_grad_batches must be at least 1, got {trainer.accumulate_grad_batches}")
+    try:  # the optimizer's own checks (a negative lr, betas outside [0, 1), ...) before the first step
+        cli.model.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model.optimizer: {err}") from err
+
+
+INPUT_SETTINGS = ("sample_rate", "features", "n_mels", "feature_norm", "feature_var_floor")  # same shapes, other input
+
+
+def same_model(checkpoint: dict, module: ASRModule) -> str:
+    """What differs between a checkpoint and this run's model ("" if nothing): the tokenizer (same size
+    but other pieces would silently give every token id another meaning), the input features, or the
+    shape of any weight (with the settings that differ)."""
+    if checkpoint.get("tokenizer") is not None and checkpoint["tokenizer"] != module.tokenizer.serialized:
+        return (f"its tokenizer is another ({Tokenizer(checkpoint['tokenizer']).vocab_size} pieces, this run's "
+                f"{module.tokenizer.vocab_size}; give the run's own with --data.tokenizer_model)")
+    then, now = ASRModule.settings(checkpoint.get("hyper_parameters", {})), ASRModule.settings(dict(module.hparams))
+    changed = [f"{k} {then[k]} -> {now[k]}" for k in now if k != "tokenizer" and then.get(k) != now[k]]
+    inputs = [c for c in changed if c.split()[0] in INPUT_SETTINGS]
+    if inputs:
+        return "its input features differ (" + ", ".join(inputs) + ")"
+    own = module.state_dict()
+    shapes = [f"{name} {tuple(t.shape)} -> {tuple(own[name].shape) if name in own else 'none'}"
+              for name, t in checkpoint.get("state_dict", {}).items() if name not in own or own[name].shape != t.shape]
+    shapes += [f"{name} none -> {tuple(t.shape)}" for name, t in own.items() if name not in checkpoint.get("state_dict", {})]
+    if shapes:
+        return f"{len(shapes)} weights differ in shape, e.g. {shapes[0]} (settings: {', '.join(changed) or 'none'})"
+    return ""
 
 
 def nothing_left(trainer: pl.Trainer, reached: dict) -> str | None:
@@ -157,6 +254,7 @@ def build(args: list[str] | None = None) -> ASRCLI:
     """Parse ``args`` (default: the command line) over configs/default.yaml and build model, data and trainer."""
     if not DEFAULT_CONFIG.is_file():
         raise FileNotFoundError(f"{DEFAULT_CONFIG} is missing: install asr from a source checkout (pip install -e .)")
+    check_config_files(sys.argv[1:] if args is None else args)
     # Read as a first --config rather than as parser default_config_files: jsonargparse drops
     # the class_path of callable arguments (model.optimizer) given in a default config file.
     if args is None:  # from the command line: LightningCLI warns when given args beside sys.argv
@@ -175,25 +273,56 @@ def build(args: list[str] | None = None) -> ASRCLI:
     )
 
 
+def check_config_files(args: list[str]) -> None:
+    """Each --config file exists and is YAML, or ConfigError naming it and the line (jsonargparse's own
+    message names neither)."""
+    paths = [b for a, b in zip(args, args[1:]) if a in ("-c", "--config")]
+    paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    for path in paths:
+        if not Path(path).is_file():
+            if ":" in path:  # jsonargparse also takes the YAML itself
+                continue
+            raise ConfigError(f"--config {path}: no such file")
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from err
+
+
 def resolve_ckpt_path(cli: ASRCLI) -> str | None:
-    """--ckpt_path, with 'last' resolved to the newest last*.ckpt of <save_dir>/<name> (any version)."""
+    """--ckpt_path, with 'last' resolved to the newest readable last*.ckpt of <save_dir>/<name> (any version):
+    one cut short (a copy interrupted) is passed over for the one before, and said so."""
     path, logger = cli.config.ckpt_path, cli.trainer.logger
     if path != "last":
         return path
     run_folder = Path(logger.save_dir) / logger.name if logger else Path(cli.trainer.default_root_dir)
-    newest = newest_checkpoint(run_folder)
-    cli.trainer.print(f"--ckpt_path last: {f'resuming from {newest}' if newest else f'none under {run_folder}, starting anew'}")
-    return str(newest) if newest else None
+    for candidate in last_checkpoints(run_folder):
+        try:
+            read_checkpoint(str(candidate))
+        except ConfigError as err:
+            cli.trainer.print(f"--ckpt_path last: passing over {candidate}: {str(err).split(': ', 1)[1]}")
+            continue
+        cli.trainer.print(f"--ckpt_path last: resuming from {candidate}")
+        return str(candidate)
+    cli.trainer.print(f"--ckpt_path last: no readable last.ckpt under {run_folder}, starting anew")
+    return None
 
 
 def main(args: list[str] | None = None) -> ASRCLI:
     """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data)."""
     try:
         cli = build(args)
-    except ValueError as err:  # a constructor refused a setting; its message names the flag
+    except (ValueError, MisconfigurationException) as err:  # a constructor (ours or Lightning's) refused a setting
         raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from err
+    check_training(cli)
     ckpt_path = resolve_ckpt_path(cli)
-    done = nothing_left(cli.trainer, check_resumable(ckpt_path))
+    if cli.trainer.global_rank == 0:  # the folder rank 0 writes
+        if ckpt_path is None and not cli.config.overwrite:
+            check_fresh_folder(cli.trainer)
+        check_room(cli.trainer, cli.model)
+    done = nothing_left(cli.trainer, check_resumable(ckpt_path, cli.model))
     if done:  # no fit, and no test of weights this run did not train
         cli.trainer.print(f"asr.fit: {done}: nothing to train; raise the limit to continue {ckpt_path}")
         return cli
@@ -234,5 +363,7 @@ if __name__ == "__main__":
         main()
     except Preempted as stop:  # a checkpoint was written: a clean exit that a requeued job resumes from
         print(f"asr.fit: {stop}", file=sys.stderr)
-    except (ConfigError, ManifestError, AudioError, NonFiniteLossError, CollectiveTimeout) as err:
+        if stop.signal == "SIGINT":
+            sys.exit(130)  # as any command Ctrl-C ended, so that `asr.fit && next` stops there
+    except (ConfigError, ManifestError, AudioError, NonFiniteLossError, CollectiveTimeout, CheckpointWriteError) as err:
         sys.exit(f"asr.fit: error: {err}")  # the message, no traceback

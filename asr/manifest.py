@@ -10,14 +10,17 @@ folder. Training needs every key (``TRAINING_KEYS``); transcription only ``audio
 length comes from the header, ``check_audio``), one without ``text`` has no reference.
 
 Every problem is reported as ``FILE:LINE: reason``. What happens to bad lines in training is
-the setting ``on_bad_line``: ``error`` (default) stops before training with the list,
-``skip`` drops them and logs how many and why; asr.transcribe reports each and goes on.
+the setting ``on_bad_line``: ``skip`` (default) drops them, logs how many and why, lists them all in
+the run folder, and stops before training only when they are more than ``max_dropped_share`` of the
+lines (the rule for files that break mid-run too, asr.datafaults); ``error`` stops at any one.
+asr.transcribe reports each and goes on.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,6 +34,7 @@ RESAMPLE_POLICIES = ("resample", "error")
 TRAINING_KEYS = ("audio_filepath", "duration", "text")  # what a training or evaluation line must have
 TRANSCRIPTION_KEYS = ("audio_filepath",)  # what asr.transcribe needs; text is the reference, if any
 SHOWN_PROBLEMS = 10  # how many bad lines an error message lists in full
+DURATION_TOLERANCE = (0.1, 0.01)  # seconds, and share of the duration: audio this much shorter than its line says is cut short
 
 
 class ManifestError(ValueError):
@@ -132,6 +136,14 @@ def check_audio(utt: Utterance, sample_rate: int, resample: str) -> tuple[Uttera
     length = info.frames / info.samplerate
     if info.frames == 0 or (utt.has_offset and utt.offset >= length):
         return Problem(utt.source, "empty audio", _naming(audio, utt.source, "no samples to read"), audio), {}
+    cut = cut_short(audio, info)
+    if cut:
+        return Problem(utt.source, "truncated audio", _naming(audio, utt.source, cut), audio), {}
+    said = utt.offset + utt.duration if utt.has_offset else utt.duration
+    if math.isfinite(said) and said > length + DURATION_TOLERANCE[0] + DURATION_TOLERANCE[1] * said:
+        detail = (f"the line says {'offset + duration' if utt.has_offset else 'duration'} {said:g} s, the audio holds "
+                  f"{length:.3f} s")
+        return Problem(utt.source, "audio shorter than its line", _naming(audio, utt.source, detail), audio), {}
     if info.samplerate != sample_rate and resample == "error":
         detail = f"{audio} is {info.samplerate} Hz, data.sample_rate is {sample_rate} (data.resample=error)"
         return Problem(utt.source, "wrong sample rate", detail, audio), {}
@@ -140,24 +152,76 @@ def check_audio(utt: Utterance, sample_rate: int, resample: str) -> tuple[Uttera
     return replace(utt, duration=duration), notes
 
 
+def cut_short(audio: Path, info) -> str:
+    """Why a file holds fewer frames than its header promises ("" if it holds them all): a WAV's data chunk
+    is checked against the file's size (libsndfile quietly counts only what is there); any other format
+    by reading its last promised frame."""
+    if info.format in ("WAV", "WAVEX") and info.subtype.startswith(("PCM", "FLOAT", "DOUBLE", "ULAW", "ALAW")):
+        promised = wav_data_bytes(audio)
+        width = {"PCM_S8": 1, "PCM_U8": 1, "PCM_16": 2, "PCM_24": 3, "PCM_32": 4, "FLOAT": 4, "DOUBLE": 8,
+                 "ULAW": 1, "ALAW": 1}.get(info.subtype)
+        if promised not in (None, 0, 0xFFFFFFFF) and width and promised // (width * info.channels) > info.frames:
+            frames = promised // (width * info.channels)
+            return (f"its header promises {frames} frames ({frames / info.samplerate:.3f} s), the file holds "
+                    f"{info.frames} ({info.frames / info.samplerate:.3f} s): cut short")
+        return ""
+    try:
+        with soundfile.SoundFile(str(audio)) as f:
+            f.seek(info.frames - 1)
+            if len(f.read(1)) == 1:
+                return ""
+    except (soundfile.LibsndfileError, RuntimeError, OSError):
+        pass
+    return f"its header promises {info.frames} frames ({info.frames / info.samplerate:.3f} s) and the last cannot be read: cut short"
+
+
+def wav_data_bytes(audio: Path) -> int | None:
+    """The size a RIFF/WAVE file's header gives its data chunk (None if there is none to read; a stream
+    written before its length was known says 0 or 0xFFFFFFFF)."""
+    with open(audio, "rb") as f:
+        if f.read(12)[8:12] != b"WAVE":
+            return None
+        while len(chunk := f.read(8)) == 8:
+            name, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+            if name == b"data":
+                return size
+            f.seek(size + size % 2, 1)
+    return None
+
+
 def _naming(audio: Path, source: str, reason: str) -> str:
     """``reason``, after the audio path unless the message's source already is that path."""
     return reason if source == str(audio) else f"{audio}: {reason}"
 
 
-def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_line: str) -> None:
-    """Raise ManifestError (on_bad_line=error) or log the skipped lines with counts per reason."""
+def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_line: str, max_share: float = 0.0,
+           listing: Path | None = None) -> None:
+    """Bad lines of a manifest of ``total``: with on_bad_line=skip they are dropped, counted by reason and
+    listed (the first SHOWN_PROBLEMS in the log, all in ``listing`` if given), and ManifestError stops the
+    run only when they are more than ``max_share`` of the lines; with on_bad_line=error, any one stops it."""
     if not problems:
         return
     counts = ", ".join(f"{n} {kind}" for kind, n in Counter(p.kind for p in problems).most_common())
     shown = "\n  ".join(str(p) for p in problems[:SHOWN_PROBLEMS])
-    more = f"\n  ... and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else ""
+    if listing is not None:
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        with open(listing, "a") as f:
+            f.writelines(f"{p}\n" for p in problems)
+    rest = f"\n  ... and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else ""
+    more = f"{rest}{f' (all in {listing})' if listing is not None and rest else ''}"
     if on_bad_line == "error":
         raise ManifestError(
             f"{manifest}: {len(problems)} of {total} lines are unusable ({counts}):\n  {shown}{more}\n"
             "Fix them, or set --data.on_bad_line skip to train without them."
         )
-    rank_zero_warn(f"{manifest}: skipped {len(problems)} of {total} lines ({counts}):\n  {shown}{more}")
+    if len(problems) > max_share * total:
+        raise ManifestError(
+            f"{manifest}: {len(problems)} of {total} lines are unusable ({counts}), more than "
+            f"data.max_dropped_share={max_share} allows:\n  {shown}{more}\n"
+            "Fix them, or raise --data.max_dropped_share to train without them."
+        )
+    rank_zero_warn(f"{manifest}: skipped {len(problems)} of {total} lines ({counts}; "
+                   f"data.max_dropped_share={max_share}):\n  {shown}{more}")
 
 
 def say_notes(notes: list[dict], manifest: str | Path, sample_rate: int,

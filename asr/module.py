@@ -40,6 +40,9 @@ from asr.scoring import score
 from asr.tokenizer import BLANK_ID, Tokenizer
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
+FEATURE_VAR_FLOOR = 4.0  # asr.audio.normalise: under the 8.5-19 of speech, over the 0-0.9 of noise and silence
+# Settings added with a default other than the behaviour before them: what a checkpoint without them ran with.
+BEFORE_THEIR_TIME = {"feature_var_floor": 0.0}
 EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
 
 
@@ -51,6 +54,7 @@ class ASRModule(pl.LightningModule):
         features: Literal["auto", "mel", "linear"] = "auto",
         n_mels: int = FeatureConfig.n_mels,
         feature_norm: FeatureNorm = FeatureConfig.norm,
+        feature_var_floor: float = FEATURE_VAR_FLOOR,
         d_model: int = EncoderConfig.d_model,
         n_heads: int = EncoderConfig.n_heads,
         n_layers: int = EncoderConfig.n_layers,
@@ -87,6 +91,8 @@ class ASRModule(pl.LightningModule):
             n_mels: mel filters (feature bins) of the log-mel features; unused by linear ones.
             feature_norm: each utterance's features get zero mean per bin, then unit variance per bin ("bin") or one
                 variance over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat).
+            feature_var_floor: the least variance an utterance's features are divided by (asr.audio.normalise), so
+                that silence and steady noise stay small instead of being scaled up to look like speech; 0 = none.
             d_model: encoder width.
             n_heads: attention heads; must divide d_model.
             n_layers: encoder blocks.
@@ -129,11 +135,15 @@ class ASRModule(pl.LightningModule):
             raise ValueError("ASRModule needs a tokenizer: fit.py links it from data.tokenizer")
         if not 0.0 < warmup_share <= 1.0:
             raise ValueError(f"model.warmup_share must be in (0, 1], got {warmup_share}")
-        if not 0.0 <= inter_ctc < 1.0:
-            raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc}")
+        for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout), ("inter_ctc", inter_ctc)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {value:g}")
+        if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"model.warmup_steps must be >= 0 and model.min_lr_ratio in [0, 1], got {warmup_steps} "
+                             f"and {min_lr_ratio:g}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
-        feature_config = FeatureConfig.preset(sample_rate, features, n_mels, feature_norm)
+        feature_config = FeatureConfig.preset(sample_rate, features, n_mels, feature_norm, feature_var_floor)
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,
@@ -169,9 +179,9 @@ class ASRModule(pl.LightningModule):
     @classmethod
     def settings(cls, hyper_parameters: dict) -> dict:
         """A checkpoint's hyper-parameters as this class's arguments: keys LightningCLI added are dropped, and a
-        setting added after the checkpoint was written gets its default, the value that run had."""
+        setting added after the checkpoint was written gets the value that run had (BEFORE_THEIR_TIME, else its default)."""
         accepted = inspect.signature(cls.__init__).parameters
-        return {name: hyper_parameters.get(name, p.default) for name, p in accepted.items()
+        return {name: hyper_parameters.get(name, BEFORE_THEIR_TIME.get(name, p.default)) for name, p in accepted.items()
                 if name not in ("self", "tokenizer", "optimizer")}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

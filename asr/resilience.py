@@ -3,11 +3,12 @@
 
 - ``AtomicCheckpointIO`` (``trainer.plugins`` in configs/default.yaml): each checkpoint is written to
   a temporary file beside its path and renamed over it, so a kill mid-write leaves the previous file.
-- ``Preemption`` (a callback in configs/default.yaml): SIGTERM (spot preemption, ``kill``) or SIGUSR1
-  (SLURM's ``--signal=USR1@90``) on any rank makes every rank finish its current optimizer step, write
-  ``last.ckpt`` once (weights, optimizer, schedule, loop and sampler position) and exit with status 0.
-  Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
-- ``newest_checkpoint``: what ``--ckpt_path last`` resumes from, the newest last*.ckpt of the run folder.
+- ``Preemption`` (a callback in configs/default.yaml): SIGTERM (spot preemption, ``kill``), SIGUSR1
+  (SLURM's ``--signal=USR1@90``) or SIGINT (Ctrl-C) on any rank makes every rank finish its current
+  optimizer step, write ``last.ckpt`` once (weights, optimizer, schedule, loop and sampler position) and
+  exit, with status 0 (130 after Ctrl-C, as an interrupted command). Under SLURM, SIGUSR1 also requeues
+  the job. A second signal ends the process at once.
+- ``last_checkpoints``: what ``--ckpt_path last`` resumes from, the run folder's last*.ckpt, newest first.
 - ``FitLoop`` (asr.fit's Trainer uses it): a run resumed from a checkpoint written at an epoch's end starts
   the next epoch, with ``max_steps`` set too.
 - ``describe_failure``: one line naming the rank and the Lightning hook a collective timed out in.
@@ -16,10 +17,12 @@
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import multiprocessing.util  # registers multiprocessing's exit handler before ours (see end_data_workers_at_exit)
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -41,7 +44,7 @@ from asr.atomic import write_atomically
 # Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
 # far above any collective of a healthy run (a checkpoint write on rank 0, every rank's first compiled step).
 COLLECTIVE_TIMEOUT_MINUTES = 10.0
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -58,15 +61,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in path.parent.glob(f"{path.name}.*.partial"):  # left by a writer killed mid-write
             stale.unlink(missing_ok=True)
-        with write_atomically(path) as partial:
-            with open(partial, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            with write_atomically(path) as partial:
+                with open(partial, "wb") as f:
+                    torch.save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:  # torch.save on a full disk: "[enforce fail ...] unexpected pos"
+            free = shutil.disk_usage(path.parent).free
+            full = getattr(err, "errno", None) == errno.ENOSPC or "unexpected pos" in str(err) or free < 2**20
+            reason = "no space left on the device" if full else " ".join(str(err).split())[:160]
+            raise CheckpointWriteError(f"{path}: checkpoint not written ({reason}; {free / 2**20:.1f} MiB free); "
+                                       "the previous one is intact") from err
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a folder gone read-only); names the file."""
 
 
 class Preempted(Exception):
-    """Raised on every rank after the preemption checkpoint is written; asr.fit exits 0 with its message."""
+    """Raised on every rank after the preemption checkpoint is written; asr.fit exits 0 with its message
+    (130 when ``signal`` is SIGINT: the user interrupted it)."""
+
+    def __init__(self, message: str, signal_name: str | None = None):
+        super().__init__(message)
+        self.signal = signal_name
 
 
 class Preemption(pl.Callback):
@@ -120,7 +139,7 @@ class Preemption(pl.Callback):
             if self.received == "SIGUSR1" and trainer.is_global_zero:
                 requeue_slurm_job()
             raise Preempted(f"{signalled}: stopped after step {trainer.global_step} and wrote {path}; "
-                            "resume with the same command and --ckpt_path last")
+                            "resume with the same command and --ckpt_path last", self.received)
 
 
 def init_data_worker(worker_id: int, rank: int = 0) -> None:
@@ -194,11 +213,11 @@ def requeue_slurm_job() -> None:
         rank_zero_info(f"scontrol requeue {job}: {'done' if result.returncode == 0 else result.stderr.strip()}")
 
 
-def newest_checkpoint(run_folder: Path) -> Path | None:
-    """The most recently written ``last*.ckpt`` under ``run_folder`` (``<save_dir>/<name>``), any version
-    (or, run without a logger, in ``run_folder/checkpoints``)."""
+def last_checkpoints(run_folder: Path) -> list[Path]:
+    """The ``last*.ckpt`` files under ``run_folder`` (``<save_dir>/<name>``), any version (or, run without a
+    logger, in ``run_folder/checkpoints``), the most recently written first."""
     found = [*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt")]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 
 
 def set_collective_timeout(strategy, minutes: float) -> None:

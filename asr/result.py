@@ -69,6 +69,7 @@ class Result:
     reference: str = ""  # the manifest's text, if any
     offset: float | None = None  # the manifest line's offset, if it had one
     error: str = ""  # one line naming the file (and manifest line), e.g. "m.jsonl:4: missing audio file: a.wav"
+    blank_share: float | None = None  # of the model's frames, the share whose most likely class is the blank
 
     def to_json(self) -> dict:
         """The JSONL row: audio_filepath, [offset], duration, text, words, [reference]; a failure's row
@@ -79,11 +80,23 @@ class Result:
         if self.error:
             return row | {"error": self.error}
         row |= {"duration": round(self.duration, 3), "text": self.text}
+        if self.blank_share is not None:
+            row["blank_share"] = round(self.blank_share, 3)
         row["words"] = [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3),
                          "confidence": round(w.confidence, 3)} for w in self.words]
         if self.reference:
             row["reference"] = self.reference
         return row
+
+
+def blank_frames(log_probs: torch.Tensor) -> int:
+    """How many of the (T', V) frames' most likely class is the CTC blank."""
+    return int((log_probs.argmax(-1) == BLANK_ID).sum())
+
+
+def confident(words: list[Word], min_confidence: float) -> list[Word]:
+    """The words whose confidence is at least ``min_confidence``."""
+    return [w for w in words if w.confidence >= min_confidence]
 
 
 def align(log_probs: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:

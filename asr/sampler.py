@@ -42,8 +42,12 @@ class BucketBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, durations: list[float], max_batch_seconds: float, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0, jitter: float = 0.02, speeds: tuple[float, ...] = (1.0,)):
+                 num_replicas: int = 1, rank: int = 0, jitter: float = 0.02, speeds: tuple[float, ...] = (1.0,),
+                 fastest: list[int] | None = None):
         self.durations, self.max_batch_seconds, self.speeds = durations, max_batch_seconds, tuple(speeds)
+        # per utterance, the index into speeds of the fastest it may be played at (too short for its
+        # transcript at faster ones); None: any
+        self.fastest = fastest
         self.shuffle, self.seed, self.jitter = shuffle, seed, jitter
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.skip = 0, 0
@@ -79,9 +83,16 @@ class BucketBatchSampler(Sampler[list[int]]):
         at that speed times a factor in [1 - jitter, 1 + jitter] (1 without shuffle)."""
         n, jitter = len(self.durations), self.jitter if self.shuffle else 0.0
         many = len(self.speeds) > 1
-        items = [rng.randrange(len(self.speeds)) * n + i if many else i for i in range(n)]
+        items = [self.playable(rng.randrange(len(self.speeds)), i) * n + i if many else i for i in range(n)]
         keys = {item: self.item_seconds[item] * (1 + rng.uniform(-jitter, jitter)) for item in items}
         return self.cut(sorted(items, key=keys.__getitem__))
+
+    def playable(self, speed: int, utterance: int) -> int:
+        """``speed``, or the fastest at or below it at which ``utterance`` still fits its transcript."""
+        if self.fastest is None or self.speeds[speed] <= self.speeds[self.fastest[utterance]]:
+            return speed
+        top = self.speeds[self.fastest[utterance]]
+        return max((k for k, s in enumerate(self.speeds) if s <= top), key=self.speeds.__getitem__)
 
     def counting_draw(self, k: int) -> list[list[int]]:
         """Draw ``k`` (of COUNT_DRAWS) from the seed alone: the draws that fix ``num_batches``."""

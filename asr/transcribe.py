@@ -64,7 +64,7 @@ from asr.inputs import check_all, collect, failed, in_order
 from asr.longform import segments, stitched
 from asr.module import ASRModule
 from asr.output import Sink, open_sink
-from asr.result import Result, align, loudness, words_of
+from asr.result import Result, align, blank_frames, confident, loudness, words_of
 from asr.sampler import BucketBatchSampler
 from asr.scoring import score, score_line
 from asr.tokenizer import Tokenizer
@@ -93,17 +93,22 @@ class Transcriber:
         decoder: (log_probs (B, T', V), lengths (B,)) -> token ids per utterance; greedy by default.
         chunk_seconds: files longer than this are run in overlapping chunks of it; 0 = never chunk.
         overlap_seconds: audio shared by neighbouring chunks; half of it is context on each side.
+        min_confidence: words whose confidence (the mean posterior of their frames, 0..1) is below this are
+            dropped from the words and the text; 0 keeps every word.
     """
 
     def __init__(self, model: AcousticModel | ASRModule, device: str | torch.device = "cpu",
                  max_batch_seconds: float = 120.0, decoder: Decoder = greedy, chunk_seconds: float = 30.0,
-                 overlap_seconds: float = 4.0):
+                 overlap_seconds: float = 4.0, min_confidence: float = 0.0):
         self.model = CheckpointModel(model, device) if isinstance(model, ASRModule) else model
         if chunk_seconds and not 4 * self.model.frame_seconds <= overlap_seconds <= chunk_seconds / 2:
             raise ValueError(f"--overlap_seconds must be between 4 frames ({4 * self.model.frame_seconds:g} s) "
                              f"and half of --chunk_seconds ({chunk_seconds / 2:g} s), got {overlap_seconds:g}")
         self.max_batch_seconds, self.decoder = max_batch_seconds, decoder
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"--min_confidence must be between 0 and 1, got {min_confidence:g}")
         self.chunk_seconds, self.overlap_seconds = chunk_seconds, overlap_seconds
+        self.min_confidence = min_confidence
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", **options) -> "Transcriber":
@@ -205,7 +210,8 @@ class Transcriber:
                 hyps = self.decoder(log_probs, lengths)
                 for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist())):
                     levels = loudness(audio[j], self.sample_rate, self.model.frame_seconds)
-                    results[j] = self._result(utts[j], ids, align(log_probs[row, :n], ids), levels)
+                    spans, blank = align(log_probs[row, :n], ids), blank_frames(log_probs[row, :n])
+                    results[j] = self._result(utts[j], ids, spans, levels, blank / max(n, 1))
             progress(sum(utts[j].duration for j in batch_indices))
         for j, i in enumerate(indices):
             yield i, results[j]
@@ -216,22 +222,28 @@ class Transcriber:
         batch_chunks = max(1, int(self.max_batch_seconds // self.chunk_seconds))
         pieces = stitched(self.model, utt, self.chunk_seconds, self.overlap_seconds, batch_chunks, progress)
         levels: list[torch.Tensor] = []  # the loudness of the pieces read: 0.4 kB per second of audio
-        ids, spans = [], []
+        ids, spans, blank, frames = [], [], 0, 0
         try:
             for first, log_probs in segments(heard(pieces, levels), round(self.chunk_seconds / self.model.frame_seconds)):
                 segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
                 ids += segment_ids
                 spans += align(log_probs, segment_ids, first)
+                blank, frames = blank + blank_frames(log_probs), frames + len(log_probs)
         except AudioError as err:  # found mid-file: nothing of it is kept
             return failed(utt, str(err))
-        return self._result(utt, ids, spans, torch.cat(levels))
+        return self._result(utt, ids, spans, torch.cat(levels), blank / max(frames, 1))
 
-    def _result(self, utt: mf.Utterance, ids: list[int], spans, levels: torch.Tensor) -> Result:
+    def _result(self, utt: mf.Utterance, ids: list[int], spans, levels: torch.Tensor, blank_share: float) -> Result:
         """``levels``: the utterance's loudness (asr.result), which its word times are snapped to."""
         tokenizer = self.model.tokenizer
-        return Result(str(utt.audio_filepath), utt.duration, tokenizer.decode(ids),
-                      words_of(spans, tokenizer, self.model.frame_seconds, utt.duration, levels),
-                      utt.text, utt.offset if utt.has_offset else None)
+        words = words_of(spans, tokenizer, self.model.frame_seconds, utt.duration, levels)
+        text = tokenizer.decode(ids)
+        if self.min_confidence:
+            kept = confident(words, self.min_confidence)
+            text = text if len(kept) == len(words) else " ".join(w.word for w in kept)
+            words = kept
+        return Result(str(utt.audio_filepath), utt.duration, text, words, utt.text,
+                      utt.offset if utt.has_offset else None, blank_share=blank_share)
 
 
 def heard(pieces: Iterator[tuple[torch.Tensor, torch.Tensor]], levels: list[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -261,6 +273,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="longer files run in overlapping chunks of this; 0 = never")
     add("--overlap_seconds", type=float, default=own["overlap_seconds"].default,
         help="audio shared by neighbouring chunks")
+    add("--min_confidence", type=float, default=own["min_confidence"].default,
+        help="drop words whose confidence (0..1, the mean posterior of their frames) is below this; "
+             "0 keeps all (docs/transcription.md: choosing it)")
     add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search (asr.decoding.make_decoder)")
     add("--lm", help="KenLM model (.arpa or .bin) for beam search")
     add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.decoding's)")
@@ -325,7 +340,7 @@ def transcribe_all(args: argparse.Namespace) -> int:
     """The run of ``main`` after parsing; returns the exit code (EXIT_CODES)."""
     model = load_model(args.checkpoint, args.device)
     transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model.tokenizer),
-                              args.chunk_seconds, args.overlap_seconds)
+                              args.chunk_seconds, args.overlap_seconds, args.min_confidence)
     found = collect(args.inputs)
     sink = open_sink(args.output, args.output_dir, args.format,
                      [name for u, name in found if isinstance(u, mf.Utterance)])

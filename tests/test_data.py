@@ -4,11 +4,13 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import soundfile
 import torch
 
 from asr.data import ASRDataModule, Batch
+from asr.sampler import split_item
 from asr.manifest import ManifestError
 
 
@@ -114,12 +116,18 @@ BAD_LINES = {
         "train", {"audio_filepath": "audio/eight_khz.flac", "duration": 1.0, "text": "call"}, {"resample": "error"}),
     "duration out of bounds": (
         "train", {"audio_filepath": "audio/long.flac", "duration": 3.0, "text": "call"}, {"max_duration": 2.0}),
+    "truncated audio": ("train", {"audio_filepath": "audio/cut.wav", "duration": 1.0, "text": "call"}, {}),
+    "audio shorter than its line": ("dev", {"audio_filepath": "audio/short.flac", "duration": 1.0, "text": "call"}, {}),
 }
+
 
 
 def add_bad_line(corpus, kind: str) -> tuple[str, dict]:
     """Append the bad line of ``kind`` to its manifest; returns its "FILE:LINE" and the DataModule settings."""
     split, line, settings = BAD_LINES[kind]
+    wav = corpus.root / "audio" / "cut.wav"  # a 16-bit WAV whose header promises 1 s, cut to its first 60 bytes
+    soundfile.write(wav, np.full(16000, 0.1, np.float32), 16000, subtype="PCM_16")
+    wav.write_bytes(wav.read_bytes()[:60])
     if split == "train":
         corpus.write(train_extra=[line])
         return f"{corpus.train}:{len(corpus.train_rows) + 1}", settings
@@ -136,10 +144,10 @@ def test_a_bad_line_stops_setup_naming_file_and_line(corpus, kind):
 
 
 @pytest.mark.parametrize("kind", BAD_LINES)
-def test_a_bad_line_is_dropped_and_the_rest_kept_with_skip(corpus, kind):
+def test_a_bad_line_is_dropped_and_the_rest_kept_under_the_share(corpus, kind):
     add_bad_line(corpus, kind)
     _, _, settings = BAD_LINES[kind]
-    dm = datamodule(corpus, on_bad_line="skip", **settings)
+    dm = datamodule(corpus, max_dropped_share=0.5, **settings)
     with pytest.warns(UserWarning, match=f"skipped 1 of .*1 {kind}"):
         dm.setup("fit")
     assert [u.text for u in dm.datasets["train"].utterances] == [r["text"] for r in corpus.train_rows]
@@ -282,3 +290,28 @@ def test_no_warning_when_validation_was_not_due(overrides, recwarn):
     warn_if_validation_was_due(due_trainer(**overrides))
     assert not [w for w in recwarn if "validation was due" in str(w.message)]
 
+
+
+def test_strict_mode_stops_at_one_bad_line_in_a_thousand(corpus):
+    source, _ = add_bad_line(corpus, "missing audio file")
+    with pytest.raises(ManifestError, match=re.escape(f"{source}: missing audio file")):
+        datamodule(corpus, on_bad_line="error", max_dropped_share=0.5).setup("fit")
+
+
+def test_an_utterance_too_fast_only_at_the_fastest_speed_is_kept_at_the_others(corpus):
+    # 0.3 s: 6 encoder frames (4x subsampling) for "nine"'s 5 CTC steps at speeds 0.9 and 1.0, 4 at 1.5
+    corpus.write(train_extra=[corpus.row("audio/short.flac", "nine", 0.3)])
+    dm = datamodule(corpus, speed_perturb=[0.9, 1.0, 1.5])
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    assert len(train) == 6 and train.fastest[5] == 1 and 2 in train.fastest  # index into the speeds: 1.0; 1.5
+    sampler = dm.train_dataloader().batch_sampler or dm.train_dataloader().sampler
+    played = Counter()
+    for epoch in range(30):
+        sampler.set_epoch(epoch)
+        played.update(split_item(item, len(train)) for batch in sampler for item in batch)
+    speeds_of_short = {speed for (speed, i) in played if i == 5}
+    played_fastest = [i for (speed, i) in played if speed == 2]
+    assert speeds_of_short == {0, 1} and played_fastest and all(train.fastest[i] == 2 for i in played_fastest)
+    with pytest.raises(ManifestError, match=r"train.jsonl:6: too short for its transcript: .* at speed 1.5"):
+        datamodule(corpus, speed_perturb=[1.5]).setup("fit")

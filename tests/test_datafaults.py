@@ -19,7 +19,12 @@ from test_data import datamodule, validated_epochs
 REPO = Path(__file__).resolve().parents[1]
 
 
-BREAK = {"deleted": lambda path: path.unlink(), "truncated": lambda path: path.write_bytes(path.read_bytes()[:40])}
+BREAK = {
+    "deleted": lambda path: path.unlink(),
+    "truncated": lambda path: path.write_bytes(path.read_bytes()[:40]),
+    # a WAV whose header says what it holds, half of what start-up found: "0.500 s ... cut short since"
+    "cut short": lambda path: soundfile.write(path, np.full(8000, 0.1, np.float32), 16000, format="WAV"),
+}
 
 
 @pytest.mark.parametrize("how", BREAK)
@@ -31,6 +36,8 @@ def test_an_utterance_whose_audio_broke_after_setup_is_dropped_from_its_batch_an
     assert batch.texts == [r["text"] for r in corpus.train_rows[1:3]] and batch.audio.shape[0] == 2
     assert len(batch.dropped) == 1 and batch.dropped[0].startswith(f"{corpus.train}:1: ")
     assert "a.flac" in batch.dropped[0]
+    if how == "cut short":
+        assert "0.500 s of audio where start-up found 1.000 s: cut short since" in batch.dropped[0]
 
 
 def test_a_batch_whose_every_utterance_broke_holds_the_next_readable_one_so_every_rank_still_steps(corpus):
@@ -122,9 +129,11 @@ def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_nam
 
 def ddp_fit(corpus, tmp_path, *args: str) -> subprocess.CompletedProcess:
     """python -m asr.fit on 2 CPU processes (gloo), one utterance per batch in sorted order; the training
-    manifest has one more line, audio/cut.flac, which rank 1 loads: its header passes setup's check,
-    its audio is cut short."""
-    (corpus.root / "audio" / "cut.flac").write_bytes((corpus.root / "audio" / "a.flac").read_bytes()[:1000])
+    manifest has one more line, audio/cut.flac, which rank 1 loads: its header and its last frame pass
+    setup's check, its middle is garbage."""
+    data = (corpus.root / "audio" / "a.flac").read_bytes()
+    middle = len(data) // 2
+    (corpus.root / "audio" / "cut.flac").write_bytes(data[:middle] + b"\xff" * 2000 + data[middle + 2000:])
     corpus.write(train_extra=[corpus.row("audio/cut.flac", "call")])
     command = [sys.executable, "-m", "asr.fit", "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
                "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.max_epochs", "2",

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from asr.bench_nonspeech import write_clips
 from asr.fit import main
 from asr.transcribe import Transcriber
 
@@ -45,9 +46,11 @@ def slice_manifest(src: Path, dst: Path, n: int) -> Path:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A 10-epoch fit on 160 training utterances of data/mini; the run folder."""
+    """A 10-epoch fit on 160 training utterances of data/mini and one bad line (under 1%); the run folder."""
     tmp = tmp_path_factory.mktemp("fit")
     train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 160)
+    with open(train, "a") as f:  # line 161
+        f.write(json.dumps({"audio_filepath": str(tmp / "gone.flac"), "duration": 1.0, "text": "call"}) + "\n")
     dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 20)
     cli = fit(tmp, "--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.max_duration", "8",
               "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", str(dev))
@@ -69,7 +72,7 @@ def test_fit_leaves_a_complete_run_folder(run):
 def test_fit_lowers_the_training_loss(run):
     losses = epoch_losses(run)
     assert len(losses) == 10
-    assert losses[-1] < 0.8 * losses[0]  # with default.yaml's augmentation on (0.71 measured)
+    assert losses[-1] < 0.85 * losses[0]  # with default.yaml's augmentation on: 0.71, and 0.82 with its non-speech too
 
 
 def test_checkpoint_carries_tokenizer_and_loads_without_pickled_code(run):
@@ -98,6 +101,22 @@ def test_checkpoint_alone_transcribes_from_another_folder(run, tmp_path):
     path, _, text = result.stdout.strip().partition("\t")
     assert path == str(audio)
     assert "real-time factor" in result.stderr
+
+
+def test_the_trained_model_writes_no_words_on_non_speech(run, tmp_path):
+    """Every kind of asr.nonspeech at 8 and 16 kHz (default.yaml trains on some of them), through the CLI
+    and the Python API; and the model still writes words on speech."""
+    clips = write_clips(tmp_path / "clips", per_kind=1, rates=(8000, 16000), seed=7, seconds=(1.0, 6.0))
+    out = tmp_path / "out.jsonl"
+    result = subprocess.run([sys.executable, "-m", "asr.transcribe", "--checkpoint", str(run / "checkpoints" / "last.ckpt"),
+                             str(tmp_path / "clips"), "--output", str(out)], capture_output=True, text=True, timeout=300)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert result.returncode == 0 and len(rows) == len(clips)
+    assert [(Path(r["audio_filepath"]).name, r["text"]) for r in rows if r["text"]] == []
+    assert all(r["blank_share"] > 0.95 for r in rows)
+    transcriber = Transcriber.from_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert transcriber.transcribe([path for path, *_ in clips]) == [""] * len(clips)
+    assert transcriber.transcribe([MINI / "audio" / "test" / "000000.flac"])[0]
 
 
 def test_transcribing_a_manifest_reports_wer_and_cer(run, tmp_path):
@@ -163,6 +182,24 @@ def test_a_missing_manifest_is_one_line_naming_its_flag(tmp_path, args, flag, pa
     where = f"relative paths start from the current folder, {tmp_path}"
     assert result.stderr.strip().splitlines()[-1] == f"asr.fit: error: data.{flag}_manifest: manifest {path} does not exist ({where})"
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_bad_line_under_the_share_is_skipped_and_listed_in_the_run_folder(run, tmp_path):
+    listed = (run / "bad_lines.txt").read_text().splitlines()
+    assert len(listed) == 1 and listed[0].endswith("train.jsonl:161: missing audio file: " + str(run.parents[1] / "gone.flac"))
+
+
+def test_bad_lines_over_the_share_stop_before_training_with_one_line(tmp_path):
+    train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 50)
+    with open(train, "a") as f:
+        f.write("{not json\n" + json.dumps({"audio_filepath": "gone.flac", "duration": 1.0, "text": "call"}) + "\n")
+    result = subprocess.run([sys.executable, "-m", "asr.fit", "--data.train_manifest", str(train),
+                             "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "asr.fit: error: " + str(train) + ": 2 of 52 lines are unusable (1 malformed json, 1 missing audio file), " \
+           "more than data.max_dropped_share=0.01 allows:" in result.stderr
+    assert f"{train}:51: malformed json" in result.stderr and not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_print_config_shows_the_linked_resolved_config(capsys):

@@ -1,8 +1,9 @@
+import math
 import warnings
 
+import numpy as np
 import pytest
-
-import math
+import soundfile
 
 from asr.manifest import TRANSCRIPTION_KEYS, ManifestError, Problem, Utterance, check_audio, parse_manifest, report
 
@@ -92,7 +93,7 @@ def test_missing_manifest_raises_naming_it(tmp_path):
         parse_manifest(tmp_path / "nothing.jsonl")
 
 
-def utterance(path, duration: float = 9.9, **kwargs) -> Utterance:
+def utterance(path, duration: float = math.inf, **kwargs) -> Utterance:
     return Utterance(path, duration, "call", source="m.jsonl:7", **kwargs)
 
 
@@ -105,8 +106,10 @@ def test_check_audio_gives_the_real_duration(write_audio):
 def test_check_audio_with_offset_gives_the_duration_read(write_audio):
     path = write_audio("a.flac", 2.0)
     inside, _ = check_audio(utterance(path, 0.5, offset=1.0, has_offset=True), 16000, "resample")
+    just_past, _ = check_audio(utterance(path, 0.55, offset=1.5, has_offset=True), 16000, "resample")
     past_the_end, _ = check_audio(utterance(path, 5.0, offset=1.5, has_offset=True), 16000, "resample")
-    assert inside.duration == pytest.approx(0.5) and past_the_end.duration == pytest.approx(0.5)
+    assert inside.duration == pytest.approx(0.5) and just_past.duration == pytest.approx(0.5)
+    assert past_the_end.kind == "audio shorter than its line" and "offset + duration 6.5 s" in past_the_end.detail
 
 
 def test_check_audio_flags_a_wrong_rate_only_when_resample_is_error(write_audio):
@@ -148,7 +151,7 @@ def test_report_with_error_raises_listing_every_file_and_line():
 
 def test_report_with_skip_only_warns_with_the_counts():
     with pytest.warns(UserWarning, match="skipped 2 of 10") as warned:
-        report(PROBLEMS, "train.jsonl", 10, "skip")
+        report(PROBLEMS, "train.jsonl", 10, "skip", max_share=0.2)
     assert "1 empty text" in str(warned[0].message) and "train.jsonl:9" in str(warned[0].message)
 
 
@@ -164,3 +167,53 @@ def test_report_shortens_a_long_list():
     with pytest.raises(ManifestError, match="and 15 more") as err:
         report(many, "t.jsonl", 30, "error")
     assert "t.jsonl:10:" in str(err.value) and "t.jsonl:11:" not in str(err.value)
+
+
+def cut(path, keep: int):
+    path.write_bytes(path.read_bytes()[:keep])
+    return path
+
+
+def test_a_wav_cut_short_is_named_with_what_its_header_promised(write_audio, tmp_path):
+    wav = tmp_path / "cut.wav"
+    soundfile.write(wav, np.zeros(16000, np.float32) + 0.1, 16000, subtype="PCM_16")
+    problem, _ = check_audio(utterance(cut(wav, 60), duration=1.0), 16000, "resample")
+    assert isinstance(problem, Problem) and problem.kind == "truncated audio" and problem.source == "m.jsonl:7"
+    assert "cut.wav: its header promises 16000 frames (1.000 s), the file holds 8 (0.001 s): cut short" in str(problem)
+
+
+def test_a_flac_cut_short_is_named(write_audio):
+    flac = write_audio("cut.flac", 2.0)
+    problem, _ = check_audio(utterance(cut(flac, flac.stat().st_size // 2)), 16000, "resample")
+    assert isinstance(problem, Problem) and problem.kind == "truncated audio" and "cut.flac" in str(problem)
+
+
+def test_a_wav_streamed_before_its_length_was_known_is_not_cut_short(tmp_path):
+    wav = tmp_path / "stream.wav"
+    soundfile.write(wav, np.zeros(8000, np.float32), 16000, subtype="PCM_16")
+    data = bytearray(wav.read_bytes())
+    at = data.index(b"data") + 4
+    data[at: at + 4] = b"\xff\xff\xff\xff"  # what a pipe writer puts there
+    wav.write_bytes(bytes(data))
+    checked, _ = check_audio(utterance(wav), 16000, "resample")
+    assert isinstance(checked, Utterance) and checked.duration == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("said, bad", [(1.0, False), (1.1, False), (1.25, True), (3.0, True)])
+def test_a_line_saying_more_audio_than_the_file_holds_is_a_problem_beyond_a_tolerance(write_audio, said, bad):
+    checked, _ = check_audio(utterance(write_audio("a.flac", 1.0), duration=said), 16000, "resample")
+    assert isinstance(checked, Problem) == bad
+    if bad:
+        assert checked.kind == "audio shorter than its line"
+        assert f"a.flac: the line says duration {said:g} s, the audio holds 1.000 s" in checked.detail
+
+
+def test_report_with_skip_stops_above_the_share_and_lists_every_line_in_the_file(tmp_path):
+    many = [Problem(f"train.jsonl:{i}", "empty text", "text is ''") for i in range(1, 13)]
+    listing = tmp_path / "run" / "bad_lines.txt"
+    with pytest.warns(UserWarning, match=r"skipped 12 of 1000 lines \(12 empty text; data.max_dropped_share=0.02\)"):
+        report(many, "train.jsonl", 1000, "skip", 0.02, listing)
+    assert listing.read_text().splitlines() == [str(p) for p in many]
+    with pytest.raises(ManifestError, match=r"12 of 100 lines are unusable .* more than data.max_dropped_share=0.1") as err:
+        report(many, "train.jsonl", 100, "skip", 0.1)
+    assert "train.jsonl:10: empty text" in str(err.value) and "... and 2 more" in str(err.value)

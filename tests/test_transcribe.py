@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import soundfile
 import torch
 
 from asr.tokenizer import BLANK_ID
@@ -129,3 +130,40 @@ def test_cli_passes_decoder_options_and_rejects_bad_combinations(checkpoint, cor
     assert "use --output_dir" in capsys.readouterr().err
     assert main(["--checkpoint", str(checkpoint), audio, "--overlap_seconds", "20"]) == 2
     assert "error: --overlap_seconds must be between" in capsys.readouterr().err
+
+
+class DoubtfulModel(ToneModel):
+    """ToneModel less sure of the letters in ``doubted``: their frames' posterior is about 0.2, the others' 0.99."""
+
+    doubted = "fv"
+
+    def log_probs(self, audio, lengths):
+        log_probs, lengths = super().log_probs(audio, lengths)
+        best = log_probs.argmax(-1)
+        doubted = torch.tensor([self.tokenizer.sp.piece_to_id(c) for c in self.doubted])
+        sharpness = torch.where(torch.isin(best, doubted), 2.0, 8.0)[..., None]
+        return (torch.nn.functional.one_hot(best, log_probs.shape[-1]) * sharpness).log_softmax(-1), lengths
+
+
+@pytest.mark.parametrize("chunk_seconds", [0.0, 2.0])
+def test_min_confidence_drops_the_doubtful_words_and_the_blank_share_is_reported(tone_file, char_tokenizer,
+                                                                                  chunk_seconds):
+    path, words, _ = tone_file("doubt.flac", ["call five two nine"])
+    model = DoubtfulModel(char_tokenizer)
+    every = Transcriber(model, chunk_seconds=chunk_seconds, overlap_seconds=0.5).transcribe_results([path])[0]
+    assert every.text == "call five two nine"
+    confidence = {w.word: w.confidence for w in every.words}
+    assert confidence["five"] < 0.7 < 0.95 < min(confidence["call"], confidence["two"], confidence["nine"])
+    sure = Transcriber(model, chunk_seconds=chunk_seconds, overlap_seconds=0.5, min_confidence=0.8)
+    result = sure.transcribe_results([path])[0]
+    assert result.text == "call two nine" and [w.word for w in result.words] == ["call", "two", "nine"]
+    audio = torch.from_numpy(soundfile.read(path, dtype="float32")[0])[None]
+    log_probs, lengths = model.log_probs(audio, torch.tensor([audio.shape[1]]))
+    blank = float((log_probs[0, : int(lengths[0])].argmax(-1) == BLANK_ID).float().mean())
+    assert 0.3 < blank < 0.9 and result.blank_share == pytest.approx(blank, abs=0.02)
+    assert result.to_json()["blank_share"] == round(result.blank_share, 3)
+
+
+def test_min_confidence_out_of_range_is_refused_by_its_flag(char_tokenizer):
+    with pytest.raises(ValueError, match="--min_confidence must be between 0 and 1, got 1.5"):
+        Transcriber(ToneModel(char_tokenizer), min_confidence=1.5)

@@ -28,10 +28,10 @@ def write(path: Path, seconds: float, rate: int = 16000, channels: int = 1, **op
 
 
 def mangled(seconds: float, how) -> callable:
-    """A maker of a FLAC file of ``seconds`` whose bytes ``how(data)`` then spoils."""
+    """A maker of an audio file of ``seconds`` (its format from its name) whose bytes ``how(data)`` then spoils."""
 
     def make(path: Path) -> None:
-        write(path, seconds)
+        write(path, seconds, subtype="PCM_16")
         path.write_bytes(how(path.read_bytes()))
 
     return make
@@ -51,7 +51,9 @@ BAD = {
     "empty.wav": (lambda p: p.write_bytes(b""), "empty.wav: unreadable audio: empty file (0 bytes)"),
     "text.wav": (lambda p: p.write_text("not audio\n"), "text.wav: unreadable audio: Format not recognised"),
     "header_only.wav": (lambda p: p.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt "), "header_only.wav: unreadable audio"),
-    "truncated.flac": (mangled(1.0, truncate), "truncated.flac: cannot read audio"),
+    "truncated.flac": (mangled(1.0, truncate), "truncated.flac: truncated audio: its header promises 16000 frames"),
+    "truncated.wav": (mangled(1.0, lambda data: data[:60]), "truncated.wav: truncated audio: its header promises "
+                      "16000 frames (1.000 s), the file holds 8 (0.001 s): cut short"),
     "corrupt.flac": (mangled(1.0, corrupt), "corrupt.flac: cannot read audio"),
     "corrupt_long.flac": (mangled(5.0, corrupt), "corrupt_long.flac: cannot read audio"),  # the chunked path
     "nan.wav": (lambda p: soundfile.write(p, np.full(8000, np.nan, np.float32), 16000, subtype="FLOAT"),
@@ -65,6 +67,7 @@ BAD_LINES = [  # (manifest line, message)
     ({"text": "call nine"}, "m.jsonl:4: missing key: no audio_filepath"),
     ({"audio_filepath": "audio/plain.flac", "offset": 9.0}, "m.jsonl:5: empty audio"),
     ({"audio_filepath": "audio/plain.flac", "offset": -1}, "m.jsonl:6: bad number"),
+    ({"audio_filepath": "audio/plain.flac", "offset": 0.2, "duration": 1.5}, "m.jsonl:7: audio shorter than its line"),
 ]
 GOOD_LINES = [  # a reference, none, no duration: all fine for transcription
     {"audio_filepath": "audio/plain.flac", "duration": 1.0, "text": "call five two nine"},
@@ -133,7 +136,7 @@ def test_each_bad_input_is_one_line_and_one_error_row_and_the_good_ones_are_tran
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == inputs["good"] + len(inputs["bad"])  # one row per input, in input order:
     names = [row["audio_filepath"] and Path(row["audio_filepath"]).name for row in rows]
-    lines = ["plain.flac", "missing.flac", None, None, "plain.flac", "plain.flac", "stereo.flac"]  # m.jsonl
+    lines = ["plain.flac", "missing.flac", None, None, "plain.flac", "plain.flac", "plain.flac", "stereo.flac"]  # m.jsonl
     assert names == sorted([*ODD, *BAD]) + lines + ["nope.wav", "no_audio"]
     errors = [row["error"] for row in rows if "error" in row]
     assert len(errors) == len(inputs["bad"])

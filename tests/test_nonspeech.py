@@ -1,0 +1,129 @@
+"""Non-speech: the clips are what they say, normalisation leaves them small, training can be taught them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import soundfile
+import torch
+
+from asr import nonspeech as ns
+from asr.audio import FeatureConfig, FeatureExtractor, normalise
+from asr.augment import Augmentation, Augmenter
+from asr.bench_nonspeech import words_on, write_clips
+from asr.data import ASRDataModule
+from asr.module import BEFORE_THEIR_TIME, FEATURE_VAR_FLOOR, ASRModule
+
+RATE = 16000
+
+
+def seeded(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def dbfs(wave: torch.Tensor) -> float:
+    return float(20 * torch.log10(wave.pow(2).mean().sqrt()))
+
+
+def peak_hz(wave: torch.Tensor, rate: int) -> float:
+    spectrum = torch.fft.rfft(wave * torch.hann_window(wave.shape[0])).abs()
+    return float(spectrum.argmax()) * rate / wave.shape[0]
+
+
+@pytest.mark.parametrize("rate", [8000, 16000])
+@pytest.mark.parametrize("kind", ns.KINDS)
+def test_every_kind_is_finite_of_its_length_and_level(kind, rate):
+    wave = ns.clip(kind, 2.5, rate, seeded())
+    assert wave.shape == (int(2.5 * rate),) and wave.dtype == torch.float32 and wave.isfinite().all()
+    if kind == "silence":
+        assert not wave.any()
+    elif kind == "dither":
+        assert wave.abs().max() <= ns.LSB and wave.any()
+    elif kind in ns.NOISES:
+        assert ns.LEVEL_DBFS[0] - 0.01 <= dbfs(wave) <= ns.LEVEL_DBFS[1] + 0.01
+    else:
+        assert ns.SIGNAL_DBFS[0] - 0.01 <= dbfs(wave) <= ns.SIGNAL_DBFS[1] + 0.01
+
+
+def test_tones_are_at_their_frequencies():
+    hum = ns.clip("hum", 2.0, RATE, seeded())
+    assert peak_hz(hum, RATE) in (pytest.approx(50.0, abs=1), pytest.approx(60.0, abs=1))
+    dial = ns.clip("dial_tone", 2.0, RATE, seeded(3))
+    tones = [hz for pair in ns.DIAL_TONES for hz in pair]
+    assert min(abs(peak_hz(dial, RATE) - hz) for hz in tones) < 2
+    keys = ns.clip("dtmf", 2.0, RATE, seeded())
+    assert min(abs(peak_hz(keys, RATE) - hz) for hz in ns.DTMF_ROWS + ns.DTMF_COLUMNS) < 5
+
+
+def test_an_unknown_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="non-speech kind must be one of .*'whistle'"):
+        ns.clip("whistle", 1.0, RATE, seeded())
+
+
+def features(wave: torch.Tensor, floor: float) -> torch.Tensor:
+    config = FeatureConfig.preset(RATE, norm="shared", var_floor=floor)
+    return FeatureExtractor(config)(wave[None], torch.tensor([wave.shape[0]]))[0][0]
+
+
+@pytest.mark.parametrize("kind", ["white", "pink", "brown", "hum", "dither"])
+def test_the_floor_keeps_steady_noise_small_where_unit_variance_made_it_loud(kind):
+    wave = ns.clip(kind, 3.0, RATE, seeded())
+    wave = (wave * 32768).round() / 32768  # as read from a 16-bit file
+    assert features(wave, 0.0).std() > 0.9  # before: scaled up to the variance of speech
+    assert features(wave, FEATURE_VAR_FLOOR).std() < 0.5
+
+
+def test_the_floor_leaves_a_varied_signal_as_it_was():
+    varied = torch.randn(1, 200, 80) * 3.0  # variance 9: over the floor of 4
+    lengths = torch.tensor([200])
+    assert torch.allclose(normalise(varied, lengths, True, FEATURE_VAR_FLOOR), normalise(varied, lengths, True))
+
+
+def test_a_checkpoint_from_before_the_floor_loads_without_it(checkpoint):
+    saved = torch.load(checkpoint, weights_only=True)
+    saved["hyper_parameters"].pop("feature_var_floor", None)
+    assert ASRModule.settings(saved["hyper_parameters"])["feature_var_floor"] == BEFORE_THEIR_TIME["feature_var_floor"] == 0.0
+    assert ASRModule.settings({})["feature_var_floor"] == 0.0
+    assert ASRModule.settings({"feature_var_floor": 4.0})["feature_var_floor"] == 4.0
+
+
+def test_nonspeech_augmentation_replaces_the_utterance_and_keeps_its_length():
+    speech = torch.sin(torch.arange(RATE * 2) / 5.0) * 0.3
+    augmenter = Augmenter(Augmentation(nonspeech_prob=1.0), RATE)
+    for seed in range(8):
+        wave, is_speech = augmenter.augment(speech, seeded(seed))
+        assert not is_speech and wave.shape == speech.shape
+        assert not wave.any() or dbfs(wave) < ns.SIGNAL_DBFS[1] + 0.01
+    kept, still_speech = Augmenter(Augmentation(nonspeech_prob=0.0), RATE).augment(speech, seeded())
+    assert still_speech and torch.equal(kept, speech)
+
+
+@pytest.mark.parametrize("prob", [0.0, 1.0])
+def test_a_replaced_utterance_trains_on_an_empty_transcript(corpus, prob):
+    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None, tokenizer_type="char", nonspeech_prob=prob)
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    batch = train[list(range(len(train)))]
+    if prob:
+        assert batch.texts == [""] * len(train) and not batch.token_lengths.any()
+    else:
+        assert batch.texts == [u.text for u in train.utterances]
+        assert batch.token_lengths.tolist() == [len(t) for t in train.tokens]
+    assert batch.audio_lengths.tolist() == [len(train.read(i)) for i in range(len(train))]
+
+
+def test_the_bench_counts_words_per_kind_and_minute(tmp_path):
+    clips = write_clips(tmp_path, per_kind=1, rates=(8000,), seed=0, seconds=(1.0, 2.0))
+    assert [kind for _, kind, _, _ in clips] == list(ns.KINDS)
+    assert all(soundfile.info(path).subtype == "PCM_16" and soundfile.info(path).samplerate == 8000
+               for path, *_ in clips)
+    texts = ["" for _ in clips]
+    texts[0], texts[2] = "yes yes", "help"
+    tally = words_on(texts, clips)
+    minutes = sum(seconds for *_, seconds in clips) / 60
+    assert tally["all"]["with_words"] == 2 and tally["all"]["words"] == 3
+    assert tally["all"]["words_per_minute"] == pytest.approx(3 / minutes)
+    assert tally[ns.KINDS[0]]["with_words"] == 1 and tally[ns.KINDS[1]]["with_words"] == 0
+    assert tally["8000 Hz"]["clips"] == len(ns.KINDS)

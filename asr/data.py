@@ -106,7 +106,7 @@ class ASRDataset(Dataset):
         try:
             samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
             check_finite(samples, "audio")
-            if len(samples) < rate * (utt.duration - mf.DURATION_TOLERANCE[0]) / (1 + mf.DURATION_TOLERANCE[1]):
+            if mf.shorter_than_said(len(samples) / rate, utt.duration):
                 raise AudioError(f"{utt.audio_filepath}: {len(samples) / rate:.3f} s of audio where start-up "
                                  f"found {utt.duration:.3f} s: cut short since")
         except AudioError as err:

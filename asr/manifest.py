@@ -140,7 +140,7 @@ def check_audio(utt: Utterance, sample_rate: int, resample: str) -> tuple[Uttera
     if cut:
         return Problem(utt.source, "truncated audio", _naming(audio, utt.source, cut), audio), {}
     said = utt.offset + utt.duration if utt.has_offset else utt.duration
-    if math.isfinite(said) and said > length + DURATION_TOLERANCE[0] + DURATION_TOLERANCE[1] * said:
+    if math.isfinite(said) and shorter_than_said(length, said):
         detail = (f"the line says {'offset + duration' if utt.has_offset else 'duration'} {said:g} s, the audio holds "
                   f"{length:.3f} s")
         return Problem(utt.source, "audio shorter than its line", _naming(audio, utt.source, detail), audio), {}
@@ -150,6 +150,11 @@ def check_audio(utt: Utterance, sample_rate: int, resample: str) -> tuple[Uttera
     duration = min(utt.duration, length - utt.offset) if utt.has_offset else length
     notes = {"resampled": info.samplerate != sample_rate, "stereo": info.channels > 1}
     return replace(utt, duration=duration), notes
+
+
+def shorter_than_said(seconds: float, said: float) -> bool:
+    """Whether ``seconds`` of audio fall short of the ``said`` seconds by more than DURATION_TOLERANCE."""
+    return said > seconds + DURATION_TOLERANCE[0] + DURATION_TOLERANCE[1] * said
 
 
 def cut_short(audio: Path, info) -> str:

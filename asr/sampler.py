@@ -91,8 +91,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         """``speed``, or the fastest at or below it at which ``utterance`` still fits its transcript."""
         if self.fastest is None or self.speeds[speed] <= self.speeds[self.fastest[utterance]]:
             return speed
-        top = self.speeds[self.fastest[utterance]]
-        return max((k for k, s in enumerate(self.speeds) if s <= top), key=self.speeds.__getitem__)
+        return self.fastest[utterance]
 
     def counting_draw(self, k: int) -> list[list[int]]:
         """Draw ``k`` (of COUNT_DRAWS) from the seed alone: the draws that fix ``num_batches``."""

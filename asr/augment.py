@@ -4,7 +4,8 @@ Each effect is a plain function of a (n,) float32 waveform at ``sample_rate`` Hz
 applies the ones switched on in an ``Augmentation`` (each with its probability and a range to draw
 from), in the order a recording happens: speaker (tempo, pitch), room (reverb), noise, channel
 (telephone band), level (gain). Before them, ``nonspeech_prob`` may put non-speech (asr.nonspeech) in
-the utterance's place, with an empty transcript. ``ASRDataset.load`` calls it on training audio only; validation and
+the utterance's place, with an empty transcript, or around it, as pauses before and after the speech.
+``ASRDataset.load`` calls it on training audio only; validation and
 test are never augmented. Every draw comes from one ``torch.Generator``, so a seed fixes the result.
 
     python -m asr.fit --data.noise_prob 0.5 --data.reverb_prob 0.3 --data.telephone_prob 0.2
@@ -33,6 +34,9 @@ TELEPHONE_RATE = 8000  # Hz of the telephone network (G.711)
 TELEPHONE_BAND = (300.0, 3400.0)  # Hz passed by a telephone channel
 MU_LAW_CHANNELS = 256  # 8-bit mu-law
 DECAY_DB = 60.0  # RT60: the time the reverberant energy takes to fall by 60 dB
+PAUSE_SHARE = 0.5  # non-speech framing the speech, before and after it: each side up to this share of its length,
+PAUSE_MAX_SECONDS = 2.0  # and at most this long: a framed utterance grows by at most 4 s, and the sampler's
+                         # batch seconds, which count it unframed, by at most 4 s per framed utterance
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,15 @@ class Augmentation:
             raise ValueError(f"data.noise_kinds must be a non-empty list of {kinds}, got {list(self.noise_kinds)}")
         if min(self.tempo_factors) <= 0 or min(self.reverb_rt60) <= 0 or min(self.babble_voices) < 1:
             raise ValueError("data.tempo_factors and data.reverb_rt60 must be positive, data.babble_voices at least 1")
+
+
+def pause(wave: torch.Tensor, kind: str, sample_rate: int, generator: torch.Generator) -> torch.Tensor:
+    """(n,) speech framed by non-speech of ``kind`` (one level, continuous): before and after it, each side
+    up to PAUSE_SHARE of n and PAUSE_MAX_SECONDS long."""
+    most = min(PAUSE_SHARE * wave.shape[0], PAUSE_MAX_SECONDS * sample_rate)
+    before, after = (int(uniform(generator, 0.0, most)) for _ in range(2))
+    around = clip(kind, 0, sample_rate, generator, length=max(1, before + after))
+    return torch.cat([around[:before], wave, around[before: before + after]])
 
 
 def happens(prob: float, generator: torch.Generator) -> bool:
@@ -185,7 +198,7 @@ class Augmenter:
     """Applies an ``Augmentation`` to (n,) float32 training waveforms at ``sample_rate`` Hz.
 
     ``voices(generator)`` returns one other, unaugmented training utterance (for babble noise);
-    without it babble is never drawn. Output length equals input length except under tempo.
+    without it babble is never drawn. Output length equals input length except under tempo and pauses.
     """
 
     def __init__(self, settings: Augmentation, sample_rate: int,
@@ -198,13 +211,17 @@ class Augmenter:
         return self.augment(wave, generator)[0]
 
     def augment(self, wave: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
-        """The augmented waveform, and whether it is still speech: with ``nonspeech_prob`` it became
-        non-speech of its own length (a kind of asr.nonspeech.KINDS), whose transcript is empty."""
+        """The augmented waveform, and whether it is still speech. With ``nonspeech_prob``, non-speech of a
+        kind of asr.nonspeech.KINDS either takes its place at its length (half the time; its transcript is
+        then empty) or pauses before and after it (``pause``): the model hears non-speech alone, as whole
+        files of it, and between words, as in the pauses of calls and meetings."""
         s, rate = self.settings, self.sample_rate
         g = generator or torch.Generator().manual_seed(int(torch.randint(2**62, ())))
-        speech = not happens(s.nonspeech_prob, g)
-        if not speech:  # then the room, the line and the level as for speech
-            wave = clip(KINDS[int(torch.randint(len(KINDS), (), generator=g))], 0, rate, g, length=wave.shape[0])
+        speech = True
+        if happens(s.nonspeech_prob, g):  # then the room, the line and the level as for speech
+            kind = KINDS[int(torch.randint(len(KINDS), (), generator=g))]
+            speech = happens(0.5, g)
+            wave = pause(wave, kind, rate, g) if speech else clip(kind, 0, rate, g, length=wave.shape[0])
         if happens(s.tempo_prob, g):
             wave = stretch(wave, rate, uniform(g, *s.tempo_factors))
         if happens(s.pitch_prob, g):

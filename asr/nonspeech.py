@@ -3,7 +3,8 @@
 Real recordings are full of non-speech: hold time and line noise in calls, pauses in meetings, chunks
 of a long file that hold nobody talking. ``clip(kind, seconds, rate, generator)`` makes one (n,) float32
 waveform of a kind in ``KINDS``. ``asr.augment`` trains on them (data.nonspeech_prob: an utterance becomes
-non-speech with an empty transcript, so the model learns to put blanks there); ``python -m
+non-speech with an empty transcript, or gains pauses of it around its words, so the model learns to put blanks
+there); ``python -m
 asr.bench_nonspeech`` counts the words a model puts on each kind. Trained on the noises and hum alone, a
 model still wrote words on every DTMF clip and half the clicks (docs/benchmarks.md, 2026-11-26): what it
 never heard, it does not know is not speech, so every kind here is trained on.

@@ -119,6 +119,20 @@ def test_the_trained_model_writes_no_words_on_non_speech(run, tmp_path):
     assert transcriber.transcribe([MINI / "audio" / "test" / "000000.flac"])[0]
 
 
+def test_a_model_trained_on_speech_alone_writes_words_on_non_speech(tmp_path):
+    """The failure that the test above shows fixed: the same run without the feature variance floor and
+    without non-speech in training puts words on non-speech."""
+    train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 160)
+    dev = slice_manifest(MINI / "dev.jsonl", tmp_path / "dev.jsonl", 20)
+    cli = fit(tmp_path, "--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.max_duration", "8",
+              "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", str(dev),
+              "--model.feature_var_floor", "0", "--data.nonspeech_prob", "0")
+    clips = write_clips(tmp_path / "clips", per_kind=1, rates=(8000, 16000), seed=7, seconds=(1.0, 6.0))
+    texts = Transcriber.from_checkpoint(Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt").transcribe(
+        [path for path, *_ in clips])
+    assert sum(bool(text) for text in texts) >= len(clips) // 2, texts
+
+
 def test_transcribing_a_manifest_reports_wer_and_cer(run, tmp_path):
     manifest = slice_manifest(MINI / "test.jsonl", tmp_path / "test.jsonl", 10)
     out = tmp_path / "hyps.jsonl"

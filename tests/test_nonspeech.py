@@ -11,7 +11,7 @@ import torch
 
 from asr import nonspeech as ns
 from asr.audio import FeatureConfig, FeatureExtractor, normalise
-from asr.augment import Augmentation, Augmenter
+from asr.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augmenter, pause
 from asr.bench_nonspeech import words_on, write_clips
 from asr.data import ASRDataModule
 from asr.module import BEFORE_THEIR_TIME, FEATURE_VAR_FLOOR, ASRModule
@@ -89,15 +89,32 @@ def test_a_checkpoint_from_before_the_floor_loads_without_it(checkpoint):
     assert ASRModule.settings({"feature_var_floor": 4.0})["feature_var_floor"] == 4.0
 
 
-def test_nonspeech_augmentation_replaces_the_utterance_and_keeps_its_length():
+def test_nonspeech_augmentation_replaces_the_utterance_or_pauses_around_it():
+    """Half the time the utterance becomes non-speech of its length, with no transcript; else it keeps
+    its transcript and gains non-speech before and after it, as quiet as asr.nonspeech makes it."""
     speech = torch.sin(torch.arange(RATE * 2) / 5.0) * 0.3
     augmenter = Augmenter(Augmentation(nonspeech_prob=1.0), RATE)
-    for seed in range(8):
-        wave, is_speech = augmenter.augment(speech, seeded(seed))
-        assert not is_speech and wave.shape == speech.shape
-        assert not wave.any() or dbfs(wave) < ns.SIGNAL_DBFS[1] + 0.01
+    outcomes = [augmenter.augment(speech, seeded(seed)) for seed in range(16)]
+    replaced = [wave for wave, is_speech in outcomes if not is_speech]
+    framed = [wave for wave, is_speech in outcomes if is_speech]
+    assert len(replaced) >= 4 and len(framed) >= 4
+    assert all(wave.shape == speech.shape for wave in replaced)
+    assert all(not wave.any() or dbfs(wave) < ns.SIGNAL_DBFS[1] + 0.01 for wave in replaced)
+    assert all(len(speech) < len(wave) <= (1 + 2 * PAUSE_SHARE) * len(speech) for wave in framed)
     kept, still_speech = Augmenter(Augmentation(nonspeech_prob=0.0), RATE).augment(speech, seeded())
     assert still_speech and torch.equal(kept, speech)
+
+
+@pytest.mark.parametrize("seconds", [2.0, 20.0])
+def test_a_pause_frames_the_whole_utterance_within_its_bounds(seconds):
+    speech = torch.full((int(RATE * seconds),), 0.1)
+    most = min(PAUSE_SHARE * len(speech), PAUSE_MAX_SECONDS * RATE)
+    for seed in range(4):
+        wave = pause(speech, "silence", RATE, seeded(seed))
+        start = int(wave.nonzero()[0])
+        assert torch.equal(wave[start: start + len(speech)], speech)
+        assert not wave[:start].any() and not wave[start + len(speech):].any()
+        assert start <= most and len(wave) - len(speech) - start <= most
 
 
 @pytest.mark.parametrize("prob", [0.0, 1.0])
@@ -106,12 +123,14 @@ def test_a_replaced_utterance_trains_on_an_empty_transcript(corpus, prob):
     dm.setup("fit")
     train = dm.datasets["train"]
     batch = train[list(range(len(train)))]
-    if prob:
-        assert batch.texts == [""] * len(train) and not batch.token_lengths.any()
-    else:
-        assert batch.texts == [u.text for u in train.utterances]
-        assert batch.token_lengths.tolist() == [len(t) for t in train.tokens]
-    assert batch.audio_lengths.tolist() == [len(train.read(i)) for i in range(len(train))]
+    read = [len(train.read(i)) for i in range(len(train))]
+    for i, utterance in enumerate(train.utterances):
+        length, text, token_length = int(batch.audio_lengths[i]), batch.texts[i], int(batch.token_lengths[i])
+        if text:  # speech: its own transcript and tokens, framed by pauses when non-speech came
+            assert text == utterance.text and token_length == len(train.tokens[i])
+            assert length > read[i] if prob else length == read[i]
+        else:  # non-speech in its place: its length, nothing to say
+            assert prob and token_length == 0 and length == read[i]
 
 
 def test_the_bench_counts_words_per_kind_and_minute(tmp_path):

@@ -32,6 +32,8 @@ from torch import nn
 SAMPLE_RATES = (8000, 16000)  # the rates the presets are made for; others work too
 HOP_SECONDS = 0.010  # 10 ms between feature frames, both presets
 LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
+LOUD_FRAMES = 11  # normalise: frames whose mean energy, at its highest, is an utterance's loud level (0.11 s)
+DB_PER_NEPER = 10 / math.log(10)  # dB of power per unit of its natural log
 FeatureNorm = Literal["bin", "shared"]  # FeatureConfig.norm: how normalise scales each utterance's features
 
 
@@ -116,10 +118,11 @@ class FeatureConfig:
     n_mels: int = 80  # only for kind="mel"
     norm: FeatureNorm = "bin"  # see normalise: "bin" (each bin's own variance) or "shared" (one variance over all bins)
     var_floor: float = 0.0  # see normalise: the least variance an utterance is scaled by (0: none)
+    stats_range_db: float = 0.0  # see normalise: frames this far below the loud ones are not counted (0: all are)
 
     @staticmethod
     def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels, norm: FeatureNorm = norm,
-               var_floor: float = var_floor) -> "FeatureConfig":
+               var_floor: float = var_floor, stats_range_db: float = stats_range_db) -> "FeatureConfig":
         """The 8 kHz (linear, 20 ms) or 16 kHz (mel, 25 ms) preset; ``kind`` overrides the type."""
         if sample_rate < 4000:
             raise ValueError(f"sample_rate must be at least 4000 Hz, got {sample_rate}")
@@ -133,9 +136,11 @@ class FeatureConfig:
             raise ValueError(f"feature normalisation must be one of {get_args(FeatureNorm)}, got {norm!r}")
         if var_floor < 0:
             raise ValueError(f"the feature variance floor must be >= 0, got {var_floor}")
+        if stats_range_db < 0:
+            raise ValueError(f"the feature statistics' range must be >= 0 dB, got {stats_range_db}")
         win = 0.025 if kind == "mel" else 0.020
         return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels, norm=norm,
-                             var_floor=var_floor)
+                             var_floor=var_floor, stats_range_db=stats_range_db)
 
     @property
     def win_length(self) -> int:
@@ -207,26 +212,44 @@ class FeatureExtractor(nn.Module):
             frame_lengths = num_frames(lengths, cfg.sample_rate)
             if not torch.compiler.is_exporting():  # a tensor's value: torch.export (asr.export) cannot keep it
                 feats = feats[:, : int(frame_lengths.max())]  # (B, T, F); wider only if padded past the longest
-            return normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor), frame_lengths
+            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_range_db)
+            return feats, frame_lengths
 
 
-def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0) -> torch.Tensor:
-    """Per utterance: each bin to zero mean over the first ``lengths`` frames, then to unit variance, each bin
-    by its own or, ``shared``, all bins by their mean variance, but never by less than ``floor``; padding -> 0.
+def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0,
+              range_db: float = 0.0) -> torch.Tensor:
+    """Per utterance: each bin to zero mean, then to unit variance, each bin by its own or, ``shared``, all bins
+    by their mean variance, but never by less than ``floor``; the statistics over the first ``lengths`` frames,
+    or, ``range_db`` > 0, over those of them (``loud_frames``) within ``range_db`` of the loud ones; padding -> 0.
 
     Shared keeps the bins' relative scale: a band with no signal (above 4 kHz in 8 kHz audio resampled to
     16 kHz) stays near 0, where a bin's own variance would blow its residue up to the scale of speech.
     The floor does the same for a whole utterance without speech: the log power of steady noise varies by
     about 0.7 (natural log units, squared), of dither after 16-bit rounding by nearly 0, of speech by 8.5
     to 19 (shared, data/mini's dev set); scaled to unit variance, noise looked like speech to the model.
+    The range keeps silence around speech out of the statistics: with all frames counted, 0.5 s of digital
+    silence before and after each utterance raised a model's WER from 0.10 to 0.26, and 4 s to 0.72
+    (docs/benchmarks.md, 2026-11-26 night), because the quiet frames moved the mean and variance speech is
+    scaled by. An utterance without speech is all of one level, so all its frames count, as before.
     """
     mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
-    count = lengths.clamp(min=1).to(feats.dtype)[:, None, None]  # (B, 1, 1)
-    mean = (feats * mask).sum(1, keepdim=True) / count
-    var = ((feats - mean).pow(2) * mask).sum(1, keepdim=True) / count  # (B, 1, F)
+    counted = loud_frames(feats, lengths, range_db) & mask if range_db > 0 else mask
+    count = counted.sum(1, keepdim=True).clamp(min=1).to(feats.dtype)  # (B, 1, 1)
+    mean = (feats * counted).sum(1, keepdim=True) / count
+    var = ((feats - mean).pow(2) * counted).sum(1, keepdim=True) / count  # (B, 1, F)
     if shared:
         var = var.mean(2, keepdim=True)  # (B, 1, 1)
     return (feats - mean) / (var.clamp(min=floor) + 1e-5).sqrt() * mask
+
+
+def loud_frames(feats: torch.Tensor, lengths: torch.Tensor, range_db: float) -> torch.Tensor:
+    """(B, T, 1): the frames whose energy (log of the mean power over bins) is within ``range_db`` of the
+    utterance's loudest LOUD_FRAMES in a row (a click is too short to be that), which count themselves."""
+    valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]  # (B, T)
+    energy = (feats.float().logsumexp(2) - math.log(feats.shape[2])).masked_fill(~valid, math.log(LOG_FLOOR))
+    smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
+    loud = smooth.masked_fill(~valid, float("-inf")).amax(1, keepdim=True)  # (B, 1)
+    return (energy >= loud - range_db / DB_PER_NEPER).unsqueeze(-1)
 
 
 class SpecAugment(nn.Module):

@@ -217,7 +217,8 @@ def check_training(cli: ASRCLI) -> None:
         raise ConfigError(f"model.optimizer: {err}") from err
 
 
-INPUT_SETTINGS = ("sample_rate", "features", "n_mels", "feature_norm", "feature_var_floor")  # same shapes, other input
+INPUT_SETTINGS = ("sample_rate", "features", "n_mels", "feature_norm", "feature_var_floor",  # same shapes, other input
+                  "feature_stats_db")
 
 
 def same_model(checkpoint: dict, module: ASRModule) -> str:

@@ -55,6 +55,7 @@ class ASRModule(pl.LightningModule):
         n_mels: int = FeatureConfig.n_mels,
         feature_norm: FeatureNorm = FeatureConfig.norm,
         feature_var_floor: float = FEATURE_VAR_FLOOR,
+        feature_stats_db: float = 0.0,
         d_model: int = EncoderConfig.d_model,
         n_heads: int = EncoderConfig.n_heads,
         n_layers: int = EncoderConfig.n_layers,
@@ -93,6 +94,11 @@ class ASRModule(pl.LightningModule):
                 variance over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat).
             feature_var_floor: the least variance an utterance's features are divided by (asr.audio.normalise), so
                 that silence and steady noise stay small instead of being scaled up to look like speech; 0 = none.
+            feature_stats_db: > 0: the mean and variance features are normalised by come only from the frames within
+                this many dB of the utterance's loud ones (asr.audio.normalise), so that digital silence around speech
+                does not change how the speech is scaled; 0 = from every frame. 15 made WER flat over 0.5-4 s of
+                silence around speech, but lost on other voices and on loud tones between words (docs/benchmarks.md,
+                2026-11-26 night): off by default.
             d_model: encoder width.
             n_heads: attention heads; must divide d_model.
             n_layers: encoder blocks.
@@ -143,7 +149,8 @@ class ASRModule(pl.LightningModule):
                              f"and {min_lr_ratio:g}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         self.tokenizer, self.optimizer_factory = tokenizer, optimizer
-        feature_config = FeatureConfig.preset(sample_rate, features, n_mels, feature_norm, feature_var_floor)
+        feature_config = FeatureConfig.preset(sample_rate, features, n_mels, feature_norm, feature_var_floor,
+                                              feature_stats_db)
         encoder = EncoderConfig(
             vocab_size=tokenizer.vocab_size, n_feats=feature_config.n_feats, d_model=d_model, n_heads=n_heads,
             n_layers=n_layers, ff_mult=ff_mult, dropout=dropout, attention_dropout=attention_dropout,

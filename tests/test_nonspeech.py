@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -10,13 +11,14 @@ import soundfile
 import torch
 
 from asr import nonspeech as ns
-from asr.audio import FeatureConfig, FeatureExtractor, normalise
+from asr.audio import FeatureConfig, FeatureExtractor, loud_frames, normalise
 from asr.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augmenter, pause
 from asr.bench_nonspeech import words_on, write_clips
 from asr.data import ASRDataModule
 from asr.module import BEFORE_THEIR_TIME, FEATURE_VAR_FLOOR, ASRModule
 
 RATE = 16000
+STATS_DB = 15.0  # model.feature_stats_db as measured
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -87,6 +89,40 @@ def test_a_checkpoint_from_before_the_floor_loads_without_it(checkpoint):
     assert ASRModule.settings(saved["hyper_parameters"])["feature_var_floor"] == BEFORE_THEIR_TIME["feature_var_floor"] == 0.0
     assert ASRModule.settings({})["feature_var_floor"] == 0.0
     assert ASRModule.settings({"feature_var_floor": 4.0})["feature_var_floor"] == 4.0
+
+
+def speech_like(seconds: float) -> torch.Tensor:
+    """Loud and quiet stretches of tones, the level changing every 0.1 s: frames of many energies."""
+    t = torch.arange(int(RATE * seconds)) / RATE
+    level = 10 ** (-torch.rand(int(seconds * 10) + 1, generator=seeded(3)) * 1.5)  # 0 to -30 dB
+    return (0.3 * torch.sin(2 * math.pi * 440 * t) * level[(t * 10).long()]).float()
+
+
+@pytest.mark.parametrize("pad_seconds", [0.5, 4.0])
+@pytest.mark.parametrize("kind", ["silence", "dither"])
+def test_silence_around_speech_does_not_change_how_the_speech_is_scaled(kind, pad_seconds):
+    """With the range, the speech's frames come out as they do alone; counting every frame, they did not."""
+    speech = speech_like(2.0)
+    pad = ns.clip(kind, pad_seconds, RATE, seeded())
+    padded = torch.cat([pad, speech, pad])
+    hop = FeatureConfig.preset(RATE).hop_length
+    first = len(pad) // hop + 2  # the first frame wholly inside the speech
+
+    def speech_frames(wave, range_db, offset):
+        config = FeatureConfig.preset(RATE, norm="shared", var_floor=FEATURE_VAR_FLOOR, stats_range_db=range_db)
+        feats = FeatureExtractor(config)(wave[None], torch.tensor([len(wave)]))[0][0]
+        return feats[offset: offset + 150]
+
+    alone = speech_frames(speech, STATS_DB, 2)
+    assert (speech_frames(padded, STATS_DB, first) - alone).abs().max() < 0.2  # 0.12: the edge frames, any pad
+    assert (speech_frames(padded, 0.0, first) - speech_frames(speech, 0.0, 2)).abs().max() > 1.5  # 1.8 and 7.0
+
+
+def test_an_utterance_of_one_level_counts_every_frame():
+    feats, lengths = torch.full((1, 40, 8), -3.0), torch.tensor([30])
+    feats[0, 5] = 10.0  # a click
+    assert loud_frames(feats, lengths, STATS_DB)[0, :30].all()  # the click did not set the level
+    assert torch.allclose(normalise(feats, lengths, True, 0.0, STATS_DB), normalise(feats, lengths, True, 0.0))
 
 
 def test_nonspeech_augmentation_replaces_the_utterance_or_pauses_around_it():

@@ -32,7 +32,7 @@ from torch import nn
 SAMPLE_RATES = (8000, 16000)  # the rates the presets are made for; others work too
 HOP_SECONDS = 0.010  # 10 ms between feature frames, both presets
 LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
-LOUD_FRAMES = 11  # normalise: frames whose mean energy, at its highest, is an utterance's loud level (0.11 s)
+LOUD_FRAMES = 11  # loud_frames: an utterance's loud level is its highest energy averaged over this many frames
 DB_PER_NEPER = 10 / math.log(10)  # dB of power per unit of its natural log
 FeatureNorm = Literal["bin", "shared"]  # FeatureConfig.norm: how normalise scales each utterance's features
 

@@ -74,7 +74,8 @@ class ASRDataset(Dataset):
     (asr.sampler.split_item), so ``dataset[[i, j, ...]]`` plays utterances at speed_perturb[0] if
     the indices are under ``len(dataset)``.
     ``augment`` (asr.augment, training only) then changes voice, room, noise, channel and level, and
-    may replace the utterance by non-speech (``data.nonspeech_prob``), whose tokens are then none, or frame it by some.
+    may replace the utterance by non-speech (``data.nonspeech_prob``), whose tokens are then none, or
+    put pauses of non-speech around it (``data.pause_prob``).
     """
 
     def __init__(self, utterances: list[mf.Utterance], tokens: list[list[int]], sample_rate: int,
@@ -201,6 +202,7 @@ class ASRDataModule(pl.LightningDataModule):
         telephone_prob: float = Augmentation.telephone_prob,
         telephone_8khz: bool = Augmentation.telephone_8khz,
         nonspeech_prob: float = Augmentation.nonspeech_prob,
+        pause_prob: float = Augmentation.pause_prob,
     ):
         """
         Args:
@@ -245,11 +247,13 @@ class ASRDataModule(pl.LightningDataModule):
             gain_db: [low, high] gain in dB.
             telephone_prob: probability of a telephone channel: 300-3400 Hz band and 8-bit mu-law.
             telephone_8khz: the telephone channel also resamples to 8 kHz and back.
-            nonspeech_prob: probability that a training utterance meets non-speech (silence, dither, white,
-                pink or brown noise, mains hum, DTMF, dial and ringing tones, clicks: asr.nonspeech): half the time
-                it is replaced by non-speech of its length with an empty transcript, else it keeps its words and
-                gains pauses of non-speech before and after it (asr.augment.pause), so that the model writes
-                nothing on non-speech, alone or between words; room, noise, line and level apply as to speech.
+            nonspeech_prob: probability that a training utterance is replaced by non-speech of its length
+                (silence, dither, white, pink or brown noise, mains hum, DTMF, dial and ringing tones, clicks:
+                asr.nonspeech) with an empty transcript, so that the model learns to write nothing there; room,
+                noise, line and level apply as to speech.
+            pause_prob: probability that a training utterance (not replaced) keeps its words and gains pauses of
+                one kind of non-speech before and after it (asr.augment.pause), so that the model writes nothing
+                between words either.
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:

@@ -125,20 +125,23 @@ def test_an_utterance_of_one_level_counts_every_frame():
     assert torch.allclose(normalise(feats, lengths, True, 0.0, STATS_DB), normalise(feats, lengths, True, 0.0))
 
 
-def test_nonspeech_augmentation_replaces_the_utterance_or_pauses_around_it():
-    """Half the time the utterance becomes non-speech of its length, with no transcript; else it keeps
-    its transcript and gains non-speech before and after it, as quiet as asr.nonspeech makes it."""
+def test_nonspeech_augmentation_replaces_the_utterance_and_keeps_its_length():
     speech = torch.sin(torch.arange(RATE * 2) / 5.0) * 0.3
-    augmenter = Augmenter(Augmentation(nonspeech_prob=1.0), RATE)
-    outcomes = [augmenter.augment(speech, seeded(seed)) for seed in range(16)]
-    replaced = [wave for wave, is_speech in outcomes if not is_speech]
-    framed = [wave for wave, is_speech in outcomes if is_speech]
-    assert len(replaced) >= 4 and len(framed) >= 4
-    assert all(wave.shape == speech.shape for wave in replaced)
-    assert all(not wave.any() or dbfs(wave) < ns.SIGNAL_DBFS[1] + 0.01 for wave in replaced)
-    assert all(len(speech) < len(wave) <= (1 + 2 * PAUSE_SHARE) * len(speech) for wave in framed)
+    augmenter = Augmenter(Augmentation(nonspeech_prob=1.0, pause_prob=1.0), RATE)  # replacing comes first
+    for seed in range(8):
+        wave, is_speech = augmenter.augment(speech, seeded(seed))
+        assert not is_speech and wave.shape == speech.shape
+        assert not wave.any() or dbfs(wave) < ns.SIGNAL_DBFS[1] + 0.01
     kept, still_speech = Augmenter(Augmentation(nonspeech_prob=0.0), RATE).augment(speech, seeded())
     assert still_speech and torch.equal(kept, speech)
+
+
+def test_pause_augmentation_keeps_the_speech_between_non_speech():
+    speech = torch.sin(torch.arange(RATE * 2) / 5.0) * 0.3
+    augmenter = Augmenter(Augmentation(pause_prob=1.0), RATE)
+    for seed in range(8):
+        wave, is_speech = augmenter.augment(speech, seeded(seed))
+        assert is_speech and len(speech) < len(wave) <= (1 + 2 * PAUSE_SHARE) * len(speech)
 
 
 @pytest.mark.parametrize("seconds", [2.0, 20.0])
@@ -159,14 +162,22 @@ def test_a_replaced_utterance_trains_on_an_empty_transcript(corpus, prob):
     dm.setup("fit")
     train = dm.datasets["train"]
     batch = train[list(range(len(train)))]
-    read = [len(train.read(i)) for i in range(len(train))]
-    for i, utterance in enumerate(train.utterances):
-        length, text, token_length = int(batch.audio_lengths[i]), batch.texts[i], int(batch.token_lengths[i])
-        if text:  # speech: its own transcript and tokens, framed by pauses when non-speech came
-            assert text == utterance.text and token_length == len(train.tokens[i])
-            assert length > read[i] if prob else length == read[i]
-        else:  # non-speech in its place: its length, nothing to say
-            assert prob and token_length == 0 and length == read[i]
+    if prob:
+        assert batch.texts == [""] * len(train) and not batch.token_lengths.any()
+    else:
+        assert batch.texts == [u.text for u in train.utterances]
+        assert batch.token_lengths.tolist() == [len(t) for t in train.tokens]
+    assert batch.audio_lengths.tolist() == [len(train.read(i)) for i in range(len(train))]
+
+
+def test_a_paused_utterance_trains_on_its_own_transcript(corpus):
+    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None, tokenizer_type="char", pause_prob=1.0)
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    batch = train[list(range(len(train)))]
+    assert batch.texts == [u.text for u in train.utterances]
+    assert batch.token_lengths.tolist() == [len(t) for t in train.tokens]
+    assert all(int(n) > len(train.read(i)) for i, n in enumerate(batch.audio_lengths))
 
 
 def test_the_bench_counts_words_per_kind_and_minute(tmp_path):

@@ -53,7 +53,8 @@ def run(tmp_path_factory):
     with open(train, "a") as f:  # line 161
         f.write(json.dumps({"audio_filepath": str(tmp / "gone.flac"), "duration": 1.0, "text": "call"}) + "\n")
     dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 20)
-    cli = fit(tmp, *RUN, "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", str(dev))
+    cli = fit(tmp, *RUN, "--data.train_manifest", str(train), "--data.val_manifest", str(dev),
+              "--data.test_manifest", str(dev))
     return Path(cli.trainer.log_dir)
 
 
@@ -113,7 +114,7 @@ def test_the_trained_model_writes_no_words_on_non_speech(run, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert result.returncode == 0 and len(rows) == len(clips)
     assert [(Path(r["audio_filepath"]).name, r["text"]) for r in rows if r["text"]] == []
-    assert all(r["blank_share"] > 0.9 for r in rows), sorted(r["blank_share"] for r in rows)  # 0.917 at least
+    assert all(r["blank_share"] > 0.9 for r in rows), sorted(r["blank_share"] for r in rows)  # ten epochs: 0.917 and up
     transcriber = Transcriber.from_checkpoint(run / "checkpoints" / "last.ckpt")
     assert transcriber.transcribe([path for path, *_ in clips]) == [""] * len(clips)
     assert transcriber.transcribe([MINI / "audio" / "test" / "000000.flac"])[0]

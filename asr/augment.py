@@ -105,6 +105,11 @@ def pause(wave: torch.Tensor, kind: str, sample_rate: int, generator: torch.Gene
     return torch.cat([around[:before], wave, around[before: before + after]])
 
 
+def any_kind(generator: torch.Generator) -> str:
+    """One of asr.nonspeech.KINDS, drawn uniformly."""
+    return KINDS[int(torch.randint(len(KINDS), (), generator=generator))]
+
+
 def happens(prob: float, generator: torch.Generator) -> bool:
     """True with probability ``prob``; draws nothing when ``prob`` is 0, so an effect switched off changes no draw."""
     return prob > 0 and float(torch.rand((), generator=generator)) < prob
@@ -220,9 +225,9 @@ class Augmenter:
         g = generator or torch.Generator().manual_seed(int(torch.randint(2**62, ())))
         speech = not happens(s.nonspeech_prob, g)
         if not speech:  # then the room, the line and the level as for speech
-            wave = clip(KINDS[int(torch.randint(len(KINDS), (), generator=g))], 0, rate, g, length=wave.shape[0])
+            wave = clip(any_kind(g), 0, rate, g, length=wave.shape[0])
         elif happens(s.pause_prob, g):
-            wave = pause(wave, KINDS[int(torch.randint(len(KINDS), (), generator=g))], rate, g)
+            wave = pause(wave, any_kind(g), rate, g)
         if happens(s.tempo_prob, g):
             wave = stretch(wave, rate, uniform(g, *s.tempo_factors))
         if happens(s.pitch_prob, g):

@@ -91,6 +91,14 @@ def test_a_checkpoint_from_before_the_floor_loads_without_it(checkpoint):
     assert ASRModule.settings({"feature_var_floor": 4.0})["feature_var_floor"] == 4.0
 
 
+def test_the_module_passes_its_statistics_range_to_the_front_end(char_tokenizer):
+    """--model.feature_stats_db reaches the features the model computes; off (0) unless asked for."""
+    assert ASRModule(char_tokenizer).model.features.config.stats_range_db == 0.0
+    assert ASRModule(char_tokenizer, feature_stats_db=STATS_DB).model.features.config.stats_range_db == STATS_DB
+    with pytest.raises(ValueError, match="range must be >= 0 dB"):
+        ASRModule(char_tokenizer, feature_stats_db=-1.0)
+
+
 def speech_like(seconds: float) -> torch.Tensor:
     """Loud and quiet stretches of tones, the level changing every 0.1 s: frames of many energies."""
     t = torch.arange(int(RATE * seconds)) / RATE

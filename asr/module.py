@@ -96,9 +96,10 @@ class ASRModule(pl.LightningModule):
                 that silence and steady noise stay small instead of being scaled up to look like speech; 0 = none.
             feature_stats_db: > 0: the mean and variance features are normalised by come only from the frames within
                 this many dB of the utterance's loud ones (asr.audio.normalise), so that digital silence around speech
-                does not change how the speech is scaled; 0 = from every frame. 15 made WER flat over 0.5-4 s of
-                silence around speech, but lost on other voices and on loud tones between words (docs/benchmarks.md,
-                2026-11-26 night): off by default.
+                does not change how the speech is scaled; 0 = from every frame. 15 and 30 made WER flat over 0.5-4 s
+                of silence around speech (30: 0.14, against 0.30-0.63 without), but lost on long files with loud tones
+                between words, and 15 on other voices (docs/benchmarks.md, 2026-11-26 night and late morning): off
+                by default; 30 for recordings with long silences and no tones.
             d_model: encoder width.
             n_heads: attention heads; must divide d_model.
             n_layers: encoder blocks.

@@ -1,6 +1,6 @@
 """Audio in, features out: loading, resampling, the feature front end and SpecAugment.
 
-The front end is an ``nn.Module`` that lives inside the model (``asr.model.CTCModel``),
+The front end is an ``nn.Module`` that lives inside the model (``asr.models.ctc.CTCModel``),
 so training and transcription can never compute features differently. Window and hop
 are given in seconds, so one code path serves 8 kHz and 16 kHz audio:
 
@@ -35,6 +35,7 @@ LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
 LOUD_FRAMES = 11  # loud_frames: an utterance's loud level is its highest energy averaged over this many frames
 DB_PER_NEPER = 10 / math.log(10)  # dB of power per unit of its natural log
 FeatureNorm = Literal["bin", "shared"]  # FeatureConfig.norm: how normalise scales each utterance's features
+FeatureKind = Literal["auto", "mel", "linear"]  # FeatureConfig.kind
 
 
 class AudioError(ValueError):
@@ -42,7 +43,7 @@ class AudioError(ValueError):
 
 
 def frame_samples(frame_seconds: float, sample_rate: int) -> int:
-    """Samples per encoder frame; asr.result's loudness hops and asr.longform's
+    """Samples per encoder frame; asr.inference.result's loudness hops and asr.inference.longform's
     chunk starts are laid on it."""
     samples = frame_seconds * sample_rate
     if abs(samples - round(samples)) > 1e-6 or round(samples) < 1:
@@ -110,37 +111,60 @@ def fast_fft_length(n: int) -> int:
 
 @dataclass(frozen=True)
 class FeatureConfig:
-    """What the front end computes; ``preset(sample_rate)`` gives the documented defaults."""
+    """The feature front end (``--model.features.*``): at 8 kHz and below an 81-bin log linear spectrogram of
+    20 ms windows, above it 80 log-mel bins of 25 ms windows; 10 ms hop. Each utterance is normalised (``normalise``).
 
-    sample_rate: int = 16000  # Hz
-    kind: str = "mel"  # "mel" (log-mel) or "linear" (log power spectrogram)
-    win_seconds: float = 0.025  # analysis window length; n_fft = window in samples
-    n_mels: int = 80  # only for kind="mel"
-    norm: FeatureNorm = "bin"  # see normalise: "bin" (each bin's own variance) or "shared" (one variance over all bins)
-    var_floor: float = 0.0  # see normalise: the least variance an utterance is scaled by (0: none)
-    stats_range_db: float = 0.0  # see normalise: frames this far below the loud ones are not counted (0: all are)
+    Args:
+        sample_rate: Hz of the audio; asr.fit links it from data.sample_rate.
+        kind: "auto" (linear at 8 kHz and below, else mel), or force "mel" / "linear".
+        n_mels: mel filters (feature bins) of the log-mel features; unused by linear ones.
+        norm: each utterance's features get zero mean per bin, then unit variance per bin ("bin") or one variance
+            over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat).
+        var_floor: the least variance an utterance's features are divided by, so that silence and steady noise
+            stay small instead of being scaled up to look like speech; 0 = none. 4 is under the 8.5-19 of speech
+            and over the 0-0.9 of noise and silence (data/mini's dev set).
+        stats_db: > 0: the mean and variance come only from the frames within this many dB of the utterance's loud
+            ones (``loud_frames``), so that digital silence around speech does not change how the speech is scaled;
+            0 = from every frame. 15 and 30 made WER flat over 0.5-4 s of silence around speech (30: 0.14, against
+            0.30-0.63 without), but lost on long files with loud tones between words, and 15 on other voices
+            (docs/benchmarks.md, 2026-11-26 night and late morning): off by default; 30 for recordings with long
+            silences and no tones.
+    """
+
+    sample_rate: int = 16000
+    kind: FeatureKind = "auto"
+    n_mels: int = 80
+    norm: FeatureNorm = "bin"
+    var_floor: float = 4.0
+    stats_db: float = 0.0
+
+    def __post_init__(self):
+        if self.sample_rate < 4000:
+            raise ValueError(f"sample_rate must be at least 4000 Hz, got {self.sample_rate}")
+        if self.kind not in get_args(FeatureKind):
+            raise ValueError(f"model.features.kind must be 'auto', 'mel' or 'linear', got {self.kind!r}")
+        if self.n_mels < 1:
+            raise ValueError(f"model.features.n_mels must be >= 1, got {self.n_mels}")
+        if self.norm not in get_args(FeatureNorm):
+            raise ValueError(f"model.features.norm must be one of {get_args(FeatureNorm)}, got {self.norm!r}")
+        if self.var_floor < 0:
+            raise ValueError(f"model.features.var_floor must be >= 0, got {self.var_floor}")
+        if self.stats_db < 0:
+            raise ValueError(f"model.features.stats_db must be >= 0 dB (0 = every frame), got {self.stats_db}")
 
     @staticmethod
-    def preset(sample_rate: int, kind: str = "auto", n_mels: int = n_mels, norm: FeatureNorm = norm,
-               var_floor: float = var_floor, stats_range_db: float = stats_range_db) -> "FeatureConfig":
-        """The 8 kHz (linear, 20 ms) or 16 kHz (mel, 25 ms) preset; ``kind`` overrides the type."""
-        if sample_rate < 4000:
-            raise ValueError(f"sample_rate must be at least 4000 Hz, got {sample_rate}")
-        if kind == "auto":
-            kind = "linear" if sample_rate <= 8000 else "mel"
-        if kind not in ("mel", "linear"):
-            raise ValueError(f"features must be 'auto', 'mel' or 'linear', got {kind!r}")
-        if n_mels < 1:
-            raise ValueError(f"n_mels must be >= 1, got {n_mels}")
-        if norm not in get_args(FeatureNorm):
-            raise ValueError(f"feature normalisation must be one of {get_args(FeatureNorm)}, got {norm!r}")
-        if var_floor < 0:
-            raise ValueError(f"the feature variance floor must be >= 0, got {var_floor}")
-        if stats_range_db < 0:
-            raise ValueError(f"the feature statistics' range must be >= 0 dB, got {stats_range_db}")
-        win = 0.025 if kind == "mel" else 0.020
-        return FeatureConfig(sample_rate=sample_rate, kind=kind, win_seconds=win, n_mels=n_mels, norm=norm,
-                             var_floor=var_floor, stats_range_db=stats_range_db)
+    def preset(sample_rate: int, kind: FeatureKind = "auto", **settings) -> "FeatureConfig":
+        """The front end for ``sample_rate``: ``FeatureConfig(sample_rate, kind, **settings)``."""
+        return FeatureConfig(sample_rate, kind, **settings)
+
+    @property
+    def mel(self) -> bool:
+        """Log-mel features ("auto": above 8 kHz), else log linear ones."""
+        return self.kind == "mel" or (self.kind == "auto" and self.sample_rate > 8000)
+
+    @property
+    def win_seconds(self) -> float:
+        return 0.025 if self.mel else 0.020  # analysis window length; n_fft = window in samples
 
     @property
     def win_length(self) -> int:
@@ -152,7 +176,7 @@ class FeatureConfig:
 
     @property
     def n_feats(self) -> int:
-        return self.n_mels if self.kind == "mel" else self.win_length // 2 + 1
+        return self.n_mels if self.mel else self.win_length // 2 + 1
 
     @property
     def mel_range(self) -> tuple[float, float]:
@@ -165,7 +189,7 @@ class FeatureConfig:
 
     def bin_hz(self) -> torch.Tensor:
         """(n_feats,) the centre frequency in Hz of each feature bin: a linear bin's, or a mel filter's peak."""
-        if self.kind == "linear":
+        if not self.mel:
             return torch.arange(self.n_feats) * self.sample_rate / self.win_length
         low, high = (2595.0 * math.log10(1.0 + hz / 700.0) for hz in self.mel_range)  # HTK mel
         return 700.0 * (10.0 ** (torch.linspace(low, high, self.n_mels + 2)[1:-1] / 2595.0) - 1.0)
@@ -187,7 +211,7 @@ class FeatureExtractor(nn.Module):
         super().__init__()
         self.config = config
         self.register_buffer("window", torch.hann_window(config.win_length), persistent=False)
-        if config.kind == "mel":
+        if config.mel:
             self.register_buffer("fbanks", config.mel_fbanks(), persistent=False)  # (bins, mels)
         else:
             self.fbanks = None
@@ -212,7 +236,7 @@ class FeatureExtractor(nn.Module):
             frame_lengths = num_frames(lengths, cfg.sample_rate)
             if not torch.compiler.is_exporting():  # a tensor's value: torch.export (asr.export) cannot keep it
                 feats = feats[:, : int(frame_lengths.max())]  # (B, T, F); wider only if padded past the longest
-            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_range_db)
+            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db)
             return feats, frame_lengths
 
 
@@ -252,6 +276,38 @@ def loud_frames(feats: torch.Tensor, lengths: torch.Tensor, range_db: float) -> 
     return (energy >= loud - range_db / DB_PER_NEPER).unsqueeze(-1)
 
 
+@dataclass(frozen=True)
+class SpecAugmentConfig:
+    """SpecAugment in training (``--model.spec_augment.*``; ``--model.spec_augment null`` turns it all off).
+
+    Args:
+        freq_masks: frequency masks per utterance.
+        freq_width: widest frequency mask, in feature bins.
+        time_masks: time masks per utterance.
+        time_width: widest time mask, as a fraction of the batch's frames.
+        freq_warp: w in [0, 0.5): w > 0 stretches each training utterance's frequency axis by a factor from
+            [1 - w, 1 + w] (vocal tract length perturbation); 0 = off.
+        freq_warp_jitter: j in [0, 0.5): j > 0 also moves the warp's knots near the first three formants each by
+            its own factor from [1 - j, 1 + j], so that formants scale unevenly; 0 = off.
+    """
+
+    freq_masks: int = 2
+    freq_width: int = 15
+    time_masks: int = 2
+    time_width: float = 0.05
+    freq_warp: float = 0.0
+    freq_warp_jitter: float = 0.0
+
+    def __post_init__(self):
+        for name in ("freq_warp", "freq_warp_jitter"):
+            if not 0.0 <= getattr(self, name) < 0.5:
+                raise ValueError(f"model.spec_augment.{name} must be in [0, 0.5), got {getattr(self, name)}")
+
+    @property
+    def warps(self) -> bool:
+        return bool(self.freq_warp or self.freq_warp_jitter)
+
+
 class SpecAugment(nn.Module):
     """Frequency and time masks (torchaudio's), different for each utterance; only in training.
 
@@ -266,23 +322,16 @@ class SpecAugment(nn.Module):
     places the bins; only the warp needs it.
     """
 
-    # the defaults (ASRModule's too)
-    freq_masks, freq_width, time_masks, time_width, freq_warp, freq_warp_jitter = 2, 15, 2, 0.05, 0.0, 0.0
     WARP_KNEE = 0.8  # output Hz up to this fraction of the top bin's (times min(1, a)) come from f / a; then linear
     JITTER_KNOTS_HZ = (400.0, 1000.0, 2000.0, 3500.0)  # between and around the first three formants
 
-    def __init__(self, freq_masks: int = freq_masks, freq_width: int = freq_width, time_masks: int = time_masks,
-                 time_width: float = time_width, freq_warp: float = freq_warp,
-                 freq_warp_jitter: float = freq_warp_jitter, bin_hz: torch.Tensor | None = None):
+    def __init__(self, config: SpecAugmentConfig = SpecAugmentConfig(), bin_hz: torch.Tensor | None = None):
         super().__init__()
-        for name, value in (("freq_warp", freq_warp), ("freq_warp_jitter", freq_warp_jitter)):
-            if not 0.0 <= value < 0.5:
-                raise ValueError(f"model.{name} must be in [0, 0.5), got {value}")
-        if (freq_warp or freq_warp_jitter) and bin_hz is None:
+        if config.warps and bin_hz is None:
             raise ValueError("SpecAugment: freq_warp needs the bins' frequencies (bin_hz)")
-        self.freq_masks, self.freq_width = freq_masks, freq_width
-        self.time_masks, self.time_width = time_masks, time_width
-        self.freq_warp, self.freq_warp_jitter = freq_warp, freq_warp_jitter
+        self.freq_masks, self.freq_width = config.freq_masks, config.freq_width
+        self.time_masks, self.time_width = config.time_masks, config.time_width
+        self.freq_warp, self.freq_warp_jitter = config.freq_warp, config.freq_warp_jitter
         # plain fp32 attributes, not buffers: not in checkpoints, and not cast to bf16 with the weights
         self.bin_hz = None if bin_hz is None else bin_hz.float()
         self.jitter_knots = None if bin_hz is None else torch.tensor(  # (K,) Hz: the knots freq_warp_jitter moves

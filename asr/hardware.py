@@ -7,7 +7,7 @@ same cached peaks):
 - a CUDA GPU: ``bf16-mixed`` from compute capability 8.0 (A100, H100, L4, RTX 30xx/40xx), else
   ``16-mixed`` (V100, T4), fp16 with Lightning's loss scaler;
 - a CPU: ``bf16-mixed`` only where this CPU's bf16 matrix products are at least ``CPU_BF16_MARGIN`` times
-  as fast as its fp32 ones, else ``32-true``. The rates are asr.cost's measured and cached CPU peaks
+  as fast as its fp32 ones, else ``32-true``. The rates are asr.train.cost's measured and cached CPU peaks
   (``cpu_peak_flops``), the same numbers MFU is computed against. CPUs differ a hundredfold here: one ran
   bf16 4.8x faster than fp32, another (avx512_bf16 among its flags) no faster, and one with AVX2 only emulates
   it, 100-300x slower (0.9 GFLOP/s against fp32's 86-309: docs/benchmarks.md, 2026-11-26). So it is measured,
@@ -25,7 +25,7 @@ from typing import Callable, Literal
 
 import torch
 
-from asr import cost
+from asr.train import cost
 
 AUTO = "auto"
 Auto = Literal["auto"]
@@ -54,7 +54,7 @@ def choose_precision(on_gpu: bool, capability: tuple[int, int] | None = None,
     """(precision, why) for ``trainer.precision: auto``.
 
     ``capability``: the GPU's compute capability (default: CUDA device 0's); ``cpu_peak(dtype)``: FLOP/s
-    of a "fp32" or "bf16" matmul on this CPU (default: asr.cost.cpu_peak_flops, measured once and cached).
+    of a "fp32" or "bf16" matmul on this CPU (default: asr.train.cost.cpu_peak_flops, measured once and cached).
     Tests inject both.
     """
     if on_gpu:

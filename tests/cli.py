@@ -2,8 +2,9 @@
 
 from dataclasses import fields
 
-from asr.augment import Augmentation
+from asr.data.augment import Augmentation
 
-# Every waveform augmentation off (configs/default.yaml turns several on): no randomness in the data,
+# Every waveform augmentation off (configs/recipes/demo.yaml turns several on): no randomness in the data,
 # so that a resumed or a distributed run can be compared with an uninterrupted single-process one.
-NO_AUGMENTATION = [arg for f in fields(Augmentation) if f.name.endswith("_prob") for arg in (f"--data.{f.name}", "0")]
+NO_AUGMENTATION = [arg for f in fields(Augmentation) if f.name.endswith("_prob")
+                   for arg in (f"--data.augmentation.{f.name}", "0")]

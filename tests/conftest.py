@@ -17,7 +17,8 @@ import soundfile
 import torch
 
 from asr.audio import FeatureConfig
-from asr.model import CTCModel, EncoderConfig
+from asr.models.config import EncoderConfig
+from asr.models.ctc import CTCModel
 from asr.tokenizer import Tokenizer
 from tests.tones import RATE, tones
 
@@ -112,20 +113,19 @@ def char_tokenizer() -> Tokenizer:
 
 
 def encoder(**overrides) -> EncoderConfig:
-    """A tiny EncoderConfig (d_model 32, 4 heads, 2 layers, 12 tokens) with ``overrides``."""
-    return EncoderConfig(**{"vocab_size": 12, "n_feats": 80, "d_model": 32, "n_heads": 4, "n_layers": 2, **overrides})
+    """A tiny EncoderConfig (d_model 32, 4 heads, 2 layers) with ``overrides``."""
+    return EncoderConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, **overrides})
 
 
 def make_model(sample_rate: int = 16000, subsampling: int = 4, checkpoint_every: int = 0, dropout: float = 0.0,
                vocab_size: int = 12, seed: int = 0, attention_window: int = 0, block: str = "transformer",
                conv_norm: str = "layer", n_layers: int = 2) -> CTCModel:
     """A ~40k-parameter CTCModel (d_model 32, n_layers blocks, 4 heads; conformer: kernel 5), weights fixed by ``seed``."""
-    features = FeatureConfig.preset(sample_rate)
-    cfg = EncoderConfig(vocab_size=vocab_size, n_feats=features.n_feats, d_model=32, n_heads=4, n_layers=n_layers,
-                        ff_mult=2, dropout=dropout, subsampling=subsampling, attention_window=attention_window,
-                        block=block, conv_kernel=5, conv_norm=conv_norm)
+    features = FeatureConfig.preset(sample_rate, var_floor=0.0)
+    cfg = EncoderConfig(d_model=32, n_heads=4, n_layers=n_layers, ff_mult=2, dropout=dropout, subsampling=subsampling,
+                        attention_window=attention_window, block=block, conv_kernel=5, conv_norm=conv_norm)
     torch.manual_seed(seed)
-    return CTCModel(features, cfg, checkpoint_every=checkpoint_every)
+    return CTCModel(features, cfg, vocab_size, checkpoint_every=checkpoint_every)
 
 
 @pytest.fixture
@@ -157,9 +157,9 @@ def keep_threads():
 
 @pytest.fixture
 def info_messages(monkeypatch) -> list[str]:
-    """The messages asr.manifest logs with rank_zero_info during the test (Lightning's logger does not propagate)."""
+    """The messages asr.data.manifest logs with rank_zero_info during the test (Lightning's logger does not propagate)."""
     messages: list[str] = []
-    monkeypatch.setattr("asr.manifest.rank_zero_info", lambda message, *args, **kwargs: messages.append(message))
+    monkeypatch.setattr("asr.data.manifest.rank_zero_info", lambda message, *args, **kwargs: messages.append(message))
     return messages
 
 
@@ -190,20 +190,48 @@ def save_checkpoint(module, path: Path, **entries) -> Path:
     return path
 
 
+# Checkpoints written before the settings were grouped (issue 40) hold them flat, each under its field's name or,
+# where the field was renamed, under its old one; their encoder's weights are model.subsampling.* and model.blocks.*.
+OLD_NAMES = {("features", "kind"): "features", ("features", "norm"): "feature_norm",
+             ("features", "var_floor"): "feature_var_floor", ("features", "stats_db"): "feature_stats_db"}
+
+
+def flat_hyper_parameters(hyper_parameters: dict) -> dict:
+    """Grouped hyper-parameters (``{"encoder": {"d_model": 32, ...}, ...}``) as the code before issue 40 wrote
+    them: ``{"d_model": 32, ..., "spec_augment": True, "freq_masks": 2, ...}``."""
+    flat = {}
+    for name, value in hyper_parameters.items():
+        if name in ("features", "encoder", "spec_augment"):
+            for field, setting in (value or {}).items():
+                flat[OLD_NAMES.get((name, field), field)] = setting
+            if name == "spec_augment":
+                flat["spec_augment"] = value is not None
+        else:
+            flat[name] = value
+    return flat
+
+
+def old_weight_names(state_dict: dict) -> dict:
+    """An ASRModule's state_dict with its encoder's weights named as before issue 40 (model.blocks.0..., not
+    model.encoder.blocks.0...)."""
+    return {key.replace("model.encoder.", "model.", 1) if key.startswith("model.encoder.") else key: value
+            for key, value in state_dict.items()}
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny untrained ASRModule checkpoint (char tokenizer, local attention), as asr.fit writes it."""
-    from asr.module import ASRModule  # here: the tests that need no checkpoint need no Lightning
+    from asr.train.module import ASRModule  # here: the tests that need no checkpoint need no Lightning
 
     tokenizer = Tokenizer.train(TEXTS, model_type="char")
     torch.manual_seed(0)
-    module = ASRModule(tokenizer=tokenizer, d_model=32, n_heads=2, n_layers=1, ff_mult=2, dropout=0.0,
-                       attention_window=4)
+    module = ASRModule(tokenizer=tokenizer, encoder=EncoderConfig(d_model=32, n_heads=2, n_layers=1, ff_mult=2,
+                                                                  dropout=0.0, attention_window=4))
     return save_checkpoint(module, tmp_path_factory.mktemp("ckpt") / "tiny.ckpt")
 
 
 @pytest.fixture
 def tokenizer_arg(tmp_path) -> str:
-    """``--data.tokenizer_model=...`` of a small BPE tokenizer trained on two lines, for asr.bench_steps.build."""
+    """``--data.tokenizer_model=...`` of a small BPE tokenizer trained on two lines, for asr.bench.steps.build."""
     Tokenizer.train(["call five two nine", "go left erase three"]).save(tmp_path / "tokenizer.model")
     return f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"

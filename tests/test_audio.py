@@ -4,11 +4,13 @@ import soundfile
 import torch
 import torchaudio.functional as AF
 
-from asr.audio import AudioError, FeatureConfig, FeatureExtractor, SpecAugment, fast_fft_length, load_audio, resample
+from asr.audio import (AudioError, FeatureConfig, FeatureExtractor, SpecAugment, SpecAugmentConfig, fast_fft_length,
+                       load_audio, resample)
 
 
 def features(sample_rate: int, kind: str = "auto", norm: str = "bin") -> FeatureExtractor:
-    return FeatureExtractor(FeatureConfig.preset(sample_rate, kind, norm=norm))
+    """The front end without a variance floor: features of unit variance, whatever their level."""
+    return FeatureExtractor(FeatureConfig.preset(sample_rate, kind, norm=norm, var_floor=0.0))
 
 
 def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
@@ -102,7 +104,7 @@ def test_unknown_feature_kind_or_no_mel_filter_is_refused():
     with pytest.raises(ValueError, match="'mfcc'"):
         FeatureConfig.preset(16000, "mfcc")
     with pytest.raises(ValueError, match="n_mels must be >= 1, got 0"):
-        FeatureConfig.preset(16000, "mel", 0)
+        FeatureConfig.preset(16000, "mel", n_mels=0)
     with pytest.raises(ValueError, match="'global'"):
         FeatureConfig.preset(16000, norm="global")
 
@@ -240,7 +242,7 @@ def test_freq_warp_moves_a_formant_by_the_drawn_factor_and_keeps_the_top_bin(sam
     hz = cfg.bin_hz()
     formant = torch.exp(-(((hz - 1000.0) / 150.0) ** 2))  # (F,) a peak at 1 kHz
     feats = formant.expand(3, 20, -1) + torch.linspace(0, 1, 20)[None, :, None]  # rising level over time
-    augment = SpecAugment(0, 15, 0, 0.05, freq_warp=0.2, bin_hz=hz)
+    augment = SpecAugment(SpecAugmentConfig(0, 15, 0, 0.05, freq_warp=0.2), bin_hz=hz)
     warped = augment.warp(feats, torch.tensor([0.8, 1.0, 1.2]))
     peaks = [hz[warped[i, 0].argmax()].item() for i in range(3)]
     assert peaks[0] == pytest.approx(800.0, rel=0.08) and peaks[2] == pytest.approx(1200.0, rel=0.08)
@@ -253,7 +255,7 @@ def test_freq_warp_moves_a_formant_by_the_drawn_factor_and_keeps_the_top_bin(sam
 @pytest.mark.parametrize("factor", [0.7, 0.9, 1.1, 1.4])
 def test_freq_warp_reads_f_over_a_below_the_knee_then_a_line_to_the_top_bin(sample_rate, factor):
     hz = FeatureConfig.preset(sample_rate).bin_hz()
-    augment = SpecAugment(freq_warp=0.45, bin_hz=hz)
+    augment = SpecAugment(SpecAugmentConfig(freq_warp=0.45), bin_hz=hz)
     ramp = hz.expand(1, 1, -1)  # features equal to their own bin's Hz: the warp returns each bin's source Hz
     source = augment.warp(ramp, torch.tensor([factor]))[0, 0]
     knee = SpecAugment.WARP_KNEE * hz[-1].item() * min(1.0, factor)
@@ -269,7 +271,7 @@ def test_freq_warp_reads_f_over_a_below_the_knee_then_a_line_to_the_top_bin(samp
 @pytest.mark.parametrize("sample_rate", [16000, 8000])
 def test_freq_warp_jitter_puts_each_formant_knot_where_its_own_factor_says(sample_rate):
     hz = FeatureConfig.preset(sample_rate).bin_hz()
-    augment = SpecAugment(freq_warp=0.1, freq_warp_jitter=0.2, bin_hz=hz)
+    augment = SpecAugment(SpecAugmentConfig(freq_warp=0.1, freq_warp_jitter=0.2), bin_hz=hz)
     knots = augment.jitter_knots
     assert knots.tolist() == [400.0, 1000.0, 2000.0, 3500.0][:len(knots)] and len(knots) >= 3
     factors = torch.tensor([0.9, 1.0, 1.1])
@@ -281,7 +283,7 @@ def test_freq_warp_jitter_puts_each_formant_knot_where_its_own_factor_says(sampl
         at = torch.searchsorted(grid, landed[b])
         torch.testing.assert_close(source[b, at], knots, rtol=1e-4, atol=1e-2)  # each knot reads its own Hz
     assert bool((source.diff(dim=1) >= 0).all()) and torch.equal(source[:, -1], grid[-1].expand(3))
-    plain = SpecAugment(freq_warp=0.1, bin_hz=hz).source_hz(grid, factors)
+    plain = SpecAugment(SpecAugmentConfig(freq_warp=0.1), bin_hz=hz).source_hz(grid, factors)
     torch.testing.assert_close(source[2], plain[2], rtol=1e-4, atol=1e-2)  # factors of 1: the plain warp
 
 
@@ -289,7 +291,7 @@ def test_freq_warp_jitter_moves_two_formants_apart():
     hz = FeatureConfig.preset(16000).bin_hz()
     formants = torch.exp(-(((hz - 500.0) / 60.0) ** 2)) + torch.exp(-(((hz - 2500.0) / 200.0) ** 2))
     low, high = hz < 1500, hz >= 1500
-    augment = SpecAugment(freq_warp_jitter=0.2, bin_hz=hz)
+    augment = SpecAugment(SpecAugmentConfig(freq_warp_jitter=0.2), bin_hz=hz)
     # F1's knots (400, 1000 Hz) up by 1.2, F2's (2000, 3500 Hz) down by 0.8: F1 rises, F2 falls
     warped = augment.warp(formants.expand(1, 1, -1), torch.ones(1), torch.tensor([[1.2, 1.2, 0.8, 0.8]]))[0, 0]
     assert hz[low][warped[low].argmax()].item() == pytest.approx(600.0, rel=0.06)
@@ -299,15 +301,16 @@ def test_freq_warp_jitter_moves_two_formants_apart():
 def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval():
     cfg = FeatureConfig.preset(16000)
     feats = torch.randn(1, 50, cfg.n_feats).expand(4, -1, -1)  # one utterance four times
-    augment = SpecAugment(0, 15, 0, 0.05, freq_warp=0.1, bin_hz=cfg.bin_hz())
+    augment = SpecAugment(SpecAugmentConfig(0, 15, 0, 0.05, freq_warp=0.1), bin_hz=cfg.bin_hz())
     out = augment.train()(feats.clone())
     assert not torch.equal(out[0], feats[0]) and not torch.equal(out[0], out[1]) and not torch.equal(out[1], out[2])
     assert torch.equal(augment.eval()(feats), feats)
-    with pytest.raises(ValueError, match="model.freq_warp"):
-        SpecAugment(freq_warp=0.5, bin_hz=cfg.bin_hz())
-    jitter = SpecAugment(0, 15, 0, 0.05, freq_warp_jitter=0.1, bin_hz=cfg.bin_hz())  # the knots alone warp too
+    with pytest.raises(ValueError, match="model.spec_augment.freq_warp"):
+        SpecAugment(SpecAugmentConfig(freq_warp=0.5), bin_hz=cfg.bin_hz())
+    # the knots alone warp too
+    jitter = SpecAugment(SpecAugmentConfig(0, 15, 0, 0.05, freq_warp_jitter=0.1), bin_hz=cfg.bin_hz())
     out = jitter.train()(feats.clone())
     assert not torch.equal(out[0], feats[0]) and not torch.equal(out[0], out[1])
     assert torch.equal(jitter.eval()(feats), feats)
-    with pytest.raises(ValueError, match="model.freq_warp_jitter must be in"):
-        SpecAugment(freq_warp_jitter=0.5, bin_hz=cfg.bin_hz())
+    with pytest.raises(ValueError, match="model.spec_augment.freq_warp_jitter must be in"):
+        SpecAugment(SpecAugmentConfig(freq_warp_jitter=0.5), bin_hz=cfg.bin_hz())

@@ -10,8 +10,10 @@ import pytest
 import torch
 import yaml
 
-from asr import cost, hardware
-from asr.fit import ConfigError, Trainer, build, main
+from asr.train import cost
+
+from asr import hardware
+from asr.train.fit import ConfigError, Trainer, build, main
 from asr.hardware import choose_precision, cpu_threads, data_workers, resolve_precision
 
 FAST_BF16 = {"fp32": 180e9, "bf16": 800e9}  # FLOP/s of the earlier sessions' 2-core Xeon (DESIGN.md)

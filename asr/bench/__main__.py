@@ -1,0 +1,5 @@
+"""``python -m asr.bench`` (also ``asr bench``): asr.bench.suite."""
+
+from asr.bench.suite import run
+
+run()

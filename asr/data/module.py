@@ -1,0 +1,390 @@
+"""Data: Dataset, collate, and the DataModule; batches come from asr.data.sampler.
+
+One DataModule serves 8 kHz and 16 kHz audio (``configs/data/8khz.yaml``, ``16khz.yaml``):
+files at another rate are resampled on loading. Batches are filled up to
+``max_batch_seconds`` of padded audio, not a fixed count. Every manifest line is
+checked in ``setup`` before the first step (see asr.data.manifest); audio that breaks later
+(deleted, truncated) is dropped from its batch and counted (see asr.data.faults), unless it was
+kept in memory (``AudioCache``, ``cache_audio_mb``): then it is not read again.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property, partial
+from pathlib import Path
+from typing import Callable, Literal
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_info
+from torch.utils.data import Dataset
+
+from asr.data import manifest as mf
+from asr.audio import AudioError, FeatureConfig, check_finite, load_audio, resample
+from asr.data.augment import Augmentation, Augmenter
+from asr.data.batch import Batch, collate
+from asr.data.faults import DataFaults
+from asr.settings import plain_settings
+from asr.hardware import AUTO, Auto, data_workers, usable_cores
+from asr.models.config import EncoderConfig
+from asr.models.subsampling import encoder_frames
+from asr.train.resilience import end_data_workers_at_exit, init_data_worker
+from asr.data.sampler import BucketBatchSampler, ResumableLoader, split_item
+from asr.data.sources import ManifestSource, Source, source_for
+from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
+
+
+BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and file dropped, FILE:LINE: reason
+
+
+class AudioCache:
+    """Waveforms as ``ASRDataset.read`` gives them (decoded, resampled, one per utterance and speed), kept
+    in memory up to ``megabytes`` in all; past that, the rest are read every time. Each process fills its
+    own (a DataLoader worker, a copy). Reading and resampling every epoch cost the data worker CPU that a
+    small machine takes from training (docs/benchmarks.md, 2026-11-24 morning)."""
+
+    def __init__(self, megabytes: float = 0.0):
+        self.budget, self.used = round(megabytes * 1e6), 0
+        self.waves: dict[tuple[int, float], torch.Tensor] = {}
+
+    def get(self, key: tuple[int, float], read: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The kept waveform of ``key`` (utterance, speed), or ``read()``'s, kept if it fits.
+        Callers never change it in place."""
+        wave = self.waves.get(key)
+        if wave is None:
+            wave = read()
+            if self.used + wave.nbytes <= self.budget:
+                self.waves[key], self.used = wave, self.used + wave.nbytes
+        return wave
+
+    def clear(self) -> None:
+        self.waves, self.used = {}, 0
+
+
+class ASRDataset(Dataset):
+    """Utterances and their token ids; ``dataset[[i, j, ...]]`` loads and collates one batch.
+
+    ``speed_perturb``: the audio is played that much faster (1.1: 10% shorter, pitch up), a cheap
+    augmentation (Ko et al., 2015). The sampler picks the speed: ``load(item)`` takes its items
+    (asr.data.sampler.split_item), so ``dataset[[i, j, ...]]`` plays utterances at speed_perturb[0] if
+    the indices are under ``len(dataset)``.
+    ``augment`` (asr.data.augment, training only) then changes voice, room, noise, channel and level, and
+    may replace the utterance by non-speech (``data.augmentation.nonspeech_prob``), whose tokens are then none, or
+    put pauses of non-speech around it (``data.augmentation.pause_prob``).
+    """
+
+    def __init__(self, utterances: list[mf.Utterance], tokens: list[list[int]], sample_rate: int,
+                 speed_perturb: tuple[float, ...] = (1.0,), cache: AudioCache | None = None,
+                 source: Source | None = None):
+        self.utterances, self.tokens, self.sample_rate = utterances, tokens, sample_rate
+        self.source = source or ManifestSource("", "")  # reads the utterances' audio
+        self.speed_perturb = speed_perturb
+        self.cache = AudioCache() if cache is None else cache
+        self.augment: Augmenter | None = None
+        self.fastest: list[int] | None = None  # per utterance, its fastest playable speed's index (None: any)
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def load(self, item: int) -> torch.Tensor:
+        """A sampler item's waveform (n,) float32: its utterance at its speed, augmented; AudioError
+        naming its manifest line if it cannot be read."""
+        return self.load_item(item)[0]
+
+    def load_item(self, item: int) -> tuple[torch.Tensor, bool]:
+        """``load``'s waveform, and whether it is still the utterance's speech (see ``augment``)."""
+        speed_index, i = split_item(item, len(self))
+        speed = self.speed_perturb[speed_index]
+        wave = self.cache.get((i, speed), partial(self.read, i, speed))
+        return self.augment.augment(wave) if self.augment else (wave, True)
+
+    def read(self, i: int, speed: float = 1.0) -> torch.Tensor:
+        """Utterance ``i``'s audio played at ``speed``: (n,) float32; AudioError naming its manifest line."""
+        samples, rate = self.source.read(self.utterances[i])
+        return resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
+
+    def __getitem__(self, indices: list[int]) -> Batch:
+        """The batch of ``indices``, without those whose audio fails to load (named in ``Batch.dropped``).
+
+        A batch is never empty: if all fail, the next readable utterance stands in, so that
+        every rank still steps and enters the same collectives (DDP, FSDP).
+        """
+        kept, audio, speech, dropped = [], [], [], []
+        for item in indices:
+            try:
+                wave, is_speech = self.load_item(item)
+                audio.append(wave)
+                speech.append(is_speech)
+                kept.append(split_item(item, len(self))[1])
+            except AudioError as err:  # a file deleted or truncated since setup checked it
+                dropped.append(str(err))
+        if not kept:
+            stand_in, waveform = self.first_readable(split_item(indices[-1], len(self))[1] + 1)
+            kept, audio, speech = [stand_in], [waveform], [True]
+        tokens = [torch.tensor(self.tokens[i] if said else [], dtype=torch.long) for i, said in zip(kept, speech)]
+        texts = [self.utterances[i].text if said else "" for i, said in zip(kept, speech)]
+        return collate(audio, tokens, texts)._replace(dropped=tuple(dropped))
+
+    def first_readable(self, start: int) -> tuple[int, torch.Tensor]:
+        """The first utterance from ``start`` on (wrapping round) whose audio loads, and its waveform."""
+        for step in range(len(self)):
+            i = (start + step) % len(self)
+            try:
+                return i, self.load(i)
+            except AudioError:
+                continue
+        raise AudioError(f"none of the {len(self)} utterances' audio can be read any more")
+
+
+def random_voice(dataset: ASRDataset, generator: torch.Generator) -> torch.Tensor:
+    """One utterance of ``dataset`` drawn by ``generator``, as loaded: the babble source (pass an unaugmented set).
+
+    A drawn file that no longer loads is passed over for the next readable one: it is the babble's
+    loss, not the utterance being augmented's (asr.data.faults counts that file when its own batch comes)."""
+    return dataset.first_readable(int(torch.randint(len(dataset), (), generator=generator)))[1]
+
+
+def _as_is(batch: Batch) -> Batch:
+    return batch  # the dataset already collates whole batches
+
+
+class ASRDataModule(pl.LightningDataModule):
+    """Manifests in, length-bucketed batches out, for 8 kHz or 16 kHz models.
+
+    The tokenizer (``self.tokenizer``) is loaded from ``tokenizer_model`` or trained on the
+    training manifest's text; fit.py links it, and ``sample_rate``, to the model.
+    """
+
+    def __init__(
+        self,
+        train_manifest: str = "data/mini/train.jsonl",
+        val_manifest: str = "data/mini/dev.jsonl",
+        test_manifest: str | None = "data/mini/test.jsonl",
+        sample_rate: int = FeatureConfig.sample_rate,
+        resample: Literal["resample", "error"] = "resample",
+        tokenizer_model: str | None = None,
+        tokenizer_type: Literal["char", "unigram", "bpe"] = DEFAULT_MODEL_TYPE,
+        tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE,
+        max_batch_seconds: float = 60.0,
+        speed_perturb: list[float] = [1.0],
+        shuffle: bool = True,
+        min_duration: float = 0.1,
+        max_duration: float = 20.0,
+        on_bad_line: Literal["error", "skip"] = "skip",
+        max_dropped_share: float = 0.01,
+        num_workers: int | Auto = AUTO,
+        cache_audio_mb: float = 0.0,
+        seed: int = 0,
+        subsampling: int = EncoderConfig.subsampling,
+        augmentation: Augmentation = Augmentation(),
+    ):
+        """
+        Args:
+            train_manifest: JSON-lines manifest of the training set (paths relative to its folder).
+            val_manifest: manifest for validation loss and WER/CER after each epoch.
+            test_manifest: manifest for ``trainer.test`` after fitting; null for none.
+            sample_rate: Hz the model works at; files at other rates are resampled on loading.
+            resample: "resample" files at another rate (said once, with the count) or make them an "error".
+            tokenizer_model: a sentencepiece .model to use; null trains one on the training text.
+            tokenizer_type: sentencepiece model type when training one: char, unigram or bpe.
+            tokenizer_vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
+            max_batch_seconds: a batch holds at most this many seconds of padded audio (at its speed_perturb speed, before tempo).
+            speed_perturb: training audio is played at a random one of these speeds, e.g. [0.9, 1.0, 1.1].
+            shuffle: new training batches in random order each epoch; false keeps them sorted by length.
+            min_duration: utterances shorter than this (seconds) are bad lines.
+            max_duration: utterances longer than this (seconds), or than max_batch_seconds, are bad lines.
+            on_bad_line: "skip" drops bad lines (unreadable, truncated or empty audio, bad JSON, text too long
+                for the audio, ...), counts them by reason and lists them in the run folder's bad_lines.txt;
+                "error" stops before training at the first manifest with any.
+            max_dropped_share: the one limit on bad data: with on_bad_line skip, more bad lines than this share
+                of a manifest's stop the run before training; audio that fails to load mid-run (deleted or cut
+                short since start-up) is dropped from its batch and named, and more than this share of a
+                split failing in one pass stops the run.
+            num_workers: DataLoader worker processes that read, resample and augment audio; "auto": one per CPU
+                training process with 2+ cores to itself, its share of the cores less one (at most 8) per GPU.
+            cache_audio_mb: megabytes of read audio (each utterance at each speed it was played at) that each
+                data worker keeps in memory for each split, so that later epochs need not read and resample
+                it again; 0 = read every time.
+            seed: seed of the batch order (with the epoch number).
+            subsampling: the model's frame subsampling, linked from model.encoder.subsampling (CTC feasibility).
+            augmentation: waveform augmentation of training audio (asr.data.augment.Augmentation): all off by default.
+        """
+        super().__init__()
+        if not speed_perturb or min(speed_perturb) <= 0:
+            raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
+        if num_workers != AUTO and num_workers < 0:
+            raise ValueError(f"data.num_workers must be 'auto' or >= 0, got {num_workers}")
+        if max_batch_seconds <= 0 or not 0 <= min_duration < max_duration:
+            raise ValueError(f"data.max_batch_seconds must be > 0 and 0 <= data.min_duration < data.max_duration, got "
+                             f"{max_batch_seconds:g}, {min_duration:g} and {max_duration:g}")
+        if tokenizer_vocab_size < 2:
+            raise ValueError(f"data.tokenizer_vocab_size must be at least 2 (the blank and one piece), got {tokenizer_vocab_size}")
+        if cache_audio_mb < 0:
+            raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
+        if not 0 <= max_dropped_share <= 1:
+            raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
+        self.save_hyperparameters()
+        plain_settings(self)
+        self.augmentation = augmentation
+        self.datasets: dict[str, ASRDataset] = {}
+        self.faults: dict[str, DataFaults] = {}  # per split, kept across its loaders
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        hp = self.hparams
+        if hp.tokenizer_model:
+            try:
+                return Tokenizer.load(hp.tokenizer_model)
+            except (OSError, RuntimeError, ValueError) as err:  # missing, a folder, not a sentencepiece model
+                reason = "no such file" if isinstance(err, FileNotFoundError) else \
+                    "a folder, not a file" if isinstance(err, IsADirectoryError) else \
+                    f"not a sentencepiece model of asr ({' '.join(str(err).split())[:160]})"
+                raise ValueError(f"data.tokenizer_model {hp.tokenizer_model}: {reason}") from err
+        utterances, _ = self.source("train").parse()
+        if not utterances:
+            raise mf.ManifestError(f"{hp.train_manifest}: no usable line to train the tokenizer on")
+        try:
+            tokenizer = Tokenizer.train((u.text for u in utterances), hp.tokenizer_type, hp.tokenizer_vocab_size)
+        except RuntimeError as err:  # sentencepiece's trainer: e.g. a vocabulary smaller than the text's characters
+            raise ValueError(f"data.tokenizer_vocab_size {hp.tokenizer_vocab_size}: sentencepiece cannot train a "
+                             f"{hp.tokenizer_type} tokenizer of that size on {hp.train_manifest} "
+                             f"({' '.join(str(err).split())[:160]})") from err
+        rank_zero_info(
+            f"trained a {hp.tokenizer_type} tokenizer of {tokenizer.vocab_size} pieces on "
+            f"{len(utterances)} lines of {hp.train_manifest}"
+        )
+        return tokenizer
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
+        for split in splits:
+            path = hp[f"{split}_manifest"]
+            if split not in self.datasets and path:
+                train = split == "train"
+                speeds, augmentation = (tuple(hp.speed_perturb), self.augmentation) if train else ((1.0,), Augmentation())
+                self.datasets[split] = self.load_split(self.source(split), speeds, augmentation)
+
+    def source(self, split: str) -> Source:
+        """``split``'s source: ``data.<split>_manifest`` (asr.data.sources.source_for)."""
+        return source_for(self.hparams[f"{split}_manifest"], f"data.{split}_manifest")
+
+    def load_split(self, source: Source, speed_perturb: tuple[float, ...] = (1.0,),
+                   augmentation: Augmentation = Augmentation()) -> ASRDataset:
+        """Parse and check every entry of ``source``; bad ones stop the run or are skipped (on_bad_line).
+
+        ``augmentation`` (training only) is applied on loading; babble noise draws from the same utterances.
+        """
+        hp = self.hparams
+        utterances, problems = source.parse()
+        path = source.name
+        total = len(utterances) + len(problems)
+        good, tokens, notes, fastest = [], [], [], []
+        by_speed = sorted(range(len(speed_perturb)), key=speed_perturb.__getitem__)  # slowest first
+        for utt in utterances:
+            checked, note = source.check(utt, hp.sample_rate, hp.resample)
+            ids = self.tokenizer.encode(checked.text) if isinstance(checked, mf.Utterance) else []
+            problem = checked if isinstance(checked, mf.Problem) else self.check_utterance(checked, ids)
+            fits = [] if problem else [k for k in by_speed if not self.too_fast(checked, ids, speed_perturb[k] *
+                                                                                  augmentation.fastest)]
+            if not problem and not fits:
+                problem = self.too_fast(checked, ids, speed_perturb[by_speed[0]] * augmentation.fastest)
+            if problem:
+                problems.append(problem)
+            else:
+                good.append(checked)
+                tokens.append(ids)
+                notes.append(note)
+                fastest.append(fits[-1])
+        mf.report(sorted(problems, key=_line_order), path, total, hp.on_bad_line, hp.max_dropped_share,
+                  self.bad_lines_file)
+        mf.say_notes(notes, path, hp.sample_rate)
+        if not good:
+            raise mf.ManifestError(f"{path}: no usable utterance")
+        dataset = ASRDataset(good, tokens, hp.sample_rate, speed_perturb, AudioCache(hp.cache_audio_mb), source)
+        dataset.fastest = fastest if any(k != by_speed[-1] for k in fastest) else None
+        if augmentation.on:  # babble voices: unaugmented, at speed 1, from the same cache
+            voices = partial(random_voice, ASRDataset(good, tokens, hp.sample_rate, cache=dataset.cache, source=source))
+            dataset.augment = Augmenter(augmentation, hp.sample_rate, voices)
+        return dataset
+
+    def check_utterance(self, utt: mf.Utterance, ids: list[int]) -> mf.Problem | None:
+        """Duration bounds and text the tokenizer knows (CTC feasibility: ``too_fast``)."""
+        hp = self.hparams
+        longest = min(hp.max_duration, hp.max_batch_seconds)  # a longer one would not fit in a batch
+        if not hp.min_duration <= utt.duration <= longest:
+            bounds = f"[data.min_duration, min(data.max_duration, data.max_batch_seconds)] = [{hp.min_duration}, {longest}]"
+            return mf.Problem(utt.source, "duration out of bounds", f"{utt.duration:.2f} s is outside {bounds}")
+        if UNK_ID in ids:
+            return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer lacks")
+        return None
+
+    def too_fast(self, utt: mf.Utterance, ids: list[int], speed: float = 1.0) -> mf.Problem | None:
+        """A Problem if, played at ``speed``, the utterance gives too few encoder frames for CTC to emit ``ids``."""
+        hp = self.hparams
+        samples = int(utt.duration / speed * hp.sample_rate)
+        frames = encoder_frames(samples, hp.sample_rate, hp.subsampling)
+        needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # CTC needs a blank between repeats
+        if needed > frames:
+            at = f" at speed {speed:g}" if speed != 1.0 else ""
+            detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s{at} gives {frames} encoder frames"
+            return mf.Problem(utt.source, "too short for its transcript", detail)
+        return None
+
+    def loader(self, split: str, shuffle: bool) -> ResumableLoader:
+        dataset = self.datasets[split]
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        sampler = BucketBatchSampler(
+            [u.duration for u in dataset.utterances], self.hparams.max_batch_seconds, shuffle=shuffle,
+            seed=self.hparams.seed, num_replicas=world, rank=rank, speeds=dataset.speed_perturb,
+            fastest=dataset.fastest,
+        )
+        workers = self.workers
+        if workers:
+            end_data_workers_at_exit()
+        loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
+                                 num_workers=workers, persistent_workers=workers > 0, pin_memory=self.on_gpu,
+                                 worker_init_fn=partial(init_data_worker, rank=rank))
+        loader.faults = self.faults.setdefault(
+            split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer, self.bad_lines_file))
+        return loader
+
+    @property
+    def bad_lines_file(self) -> Path | None:
+        """The run folder's list of every bad line and failed file (rank 0 writes it); None outside a run."""
+        trainer = self.trainer
+        folder = getattr(trainer, "log_dir", None)
+        return None if folder is None or trainer.global_rank != 0 else Path(folder) / BAD_LINES_FILE
+
+    @cached_property
+    def workers(self) -> int:
+        """data.num_workers, with "auto" resolved for this machine and trainer (asr.hardware), said once."""
+        if self.hparams.num_workers != AUTO:
+            return self.hparams.num_workers
+        processes = self.trainer.num_devices if self.trainer else 1  # training processes on this machine
+        cores = usable_cores()
+        workers = data_workers(cores, self.on_gpu, processes)
+        rank_zero_info(f"data.num_workers auto -> {workers}: {cores} cores, {processes} "
+                       f"{'GPU' if self.on_gpu else 'CPU'} training process{'es' if processes > 1 else ''}")
+        return workers
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the batches go to a CUDA device (then workers pin their memory for the copy)."""
+        return bool(self.trainer) and self.trainer.strategy.root_device.type == "cuda"
+
+    def train_dataloader(self) -> ResumableLoader:
+        return self.loader("train", shuffle=self.hparams.shuffle)
+
+    def val_dataloader(self) -> ResumableLoader:
+        return self.loader("val", shuffle=False)
+
+    def test_dataloader(self) -> ResumableLoader:
+        if "test" not in self.datasets:
+            raise ValueError("no test set: set --data.test_manifest")
+        return self.loader("test", shuffle=False)
+
+
+def _line_order(problem: mf.Problem) -> tuple[str, int]:
+    name, _, line = problem.source.rpartition(":")
+    return name, int(line)

@@ -1,0 +1,70 @@
+"""The models asr.transcribe runs: the AcousticModel protocol, and loading one from a file.
+
+``load_model`` reads a model written by ``asr.export`` or a checkpoint of ``asr.fit`` (with
+``torch.load(weights_only=True)``: no pickled code runs) and names the file in one line if it is
+neither.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from asr.tools import export
+from asr.train.module import ASRModule
+from asr.tokenizer import Tokenizer
+
+
+class CheckpointError(ValueError):
+    """A --checkpoint that does not exist or is not a checkpoint of asr.fit / a model of asr.export."""
+
+
+class AcousticModel(Protocol):
+    """What the Transcriber needs from a model (a checkpoint, an exported model, or your own)."""
+
+    sample_rate: int  # Hz of the audio log_probs expects
+    tokenizer: Tokenizer  # output class i is tokenizer piece i; 0 is the CTC blank
+    frame_seconds: float  # seconds per output frame: feature hop x subsampling
+
+    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, n) fp32 and lengths (B,) in samples -> log-probs (B, T', V) fp32 on the CPU, lengths (B,)."""
+        ...
+
+
+class CheckpointModel:
+    """AcousticModel of an ASRModule (a checkpoint of asr.fit), in eval mode on ``device``."""
+
+    def __init__(self, module: ASRModule, device: str | torch.device = "cpu"):
+        self.module, self.device = module.to(device).eval(), torch.device(device)
+        self.sample_rate: int = module.model.sample_rate
+        self.tokenizer: Tokenizer = module.tokenizer
+        self.frame_seconds: float = module.model.frame_seconds
+
+    @torch.inference_mode()
+    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs, out_lengths = self.module.model(audio.to(self.device), lengths.to(self.device))
+        return log_probs.float().cpu(), out_lengths.cpu()
+
+
+def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
+    """A model written by asr.export, or a checkpoint of asr.fit; anything else raises CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: {'not a file' if path.exists() else 'no such file'}")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:  # e.g. cuda on a machine without a GPU: the device, not the file
+        raise CheckpointError(f"--device {device}: {str(err).splitlines()[0]}") from err
+    try:
+        if export.is_exported(path):
+            return export.load(path, device)
+        return CheckpointModel(ASRModule.from_checkpoint(path, map_location=device), device)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, KeyError, TypeError, ValueError,
+            RuntimeError) as err:  # what torch.load and load_state_dict raise for a file that is not ours
+        reason = " ".join(str(err).split()).split(". ")[0] or "empty or cut short"  # torch adds pages of advice
+        raise CheckpointError(f"checkpoint {path}: not a checkpoint of asr.fit or a model of asr.export "
+                              f"({type(err).__name__}: {reason})") from err

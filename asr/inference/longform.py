@@ -1,0 +1,132 @@
+"""Long recordings in bounded memory: overlapping chunks, stitched log-probs, decoding at pauses.
+
+A file longer than ``chunk_seconds`` is never read whole. It is cut into chunks of
+``chunk_seconds`` that overlap by ``overlap_seconds``; each chunk is read from disk on its
+own (soundfile seek + read), run through the model (several chunks per batch), and only
+its central encoder frames are kept: neighbouring chunks meet at the middle of their
+overlap, so every kept frame saw at least ``overlap_seconds / 2`` of audio on each side
+(file edges aside). Chunk starts are whole encoder frames, so a chunk's frame ``j`` is the
+file's frame ``start + j`` and the stitched sequence has exactly the frames one pass over
+the whole file would give. The last chunk is pulled back to end at the file's end, so it
+is a full chunk too.
+
+What differs from one pass over the whole file, and why it is small:
+- features are normalised per utterance (asr/audio.py): here per chunk, i.e. over 30 s of
+  audio by default, which estimates each bin's mean and variance as well as the whole file;
+- positions: the model's sinusoidal positions restart in every chunk, which keeps them in
+  the range training saw (training utterances are at most ``data.max_duration`` long);
+- attention: with ``attention_window`` (the default config: 4 frames either side, 4 layers,
+  so a frame sees about 0.7 s either way) the 2 s of context on each side of a kept frame
+  covers the model's whole reach; a global-attention model sees 30 s instead of the file.
+
+The stitched frames are decoded in segments cut in the middle of the longest run of blank
+frames (a pause) in each window of ``chunk_seconds``, so memory stays bounded however long
+the file is (log-probs, decoder and forced alignment only ever hold one segment) and a cut
+never falls inside a word. Greedy decoding of the segments gives exactly the tokens of
+greedy decoding of the whole sequence; an LM decoder loses its context at the cuts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+
+import soundfile
+import torch
+
+from asr.audio import AudioError, check_finite, frame_samples, read_mono, resample
+from asr.data.manifest import Utterance
+from asr.inference.result import loudness
+from asr.tokenizer import BLANK_ID
+
+
+def chunk_starts(frames: int, chunk: int, overlap: int) -> list[int]:
+    """First encoder frame of each chunk for a file of ``frames`` frames; chunks of ``chunk``
+    frames overlapping by at least ``overlap``; the last chunk ends at the file's end."""
+    if frames <= chunk:
+        return [0]
+    starts = list(range(0, frames - chunk, chunk - overlap))
+    return starts + [frames - chunk]
+
+
+def read_chunk(f: soundfile.SoundFile, first: int, count: int, base: int, sample_rate: int) -> torch.Tensor:
+    """``count`` samples at ``sample_rate`` starting ``first`` samples after file sample ``base``,
+    read from ``f`` (at its own rate), mixed to mono and resampled: (n,) float32."""
+    rate = f.samplerate
+    samples = read_mono(f, base + round(first * rate / sample_rate), round(count * rate / sample_rate))
+    return resample(torch.from_numpy(samples), rate, sample_rate)
+
+
+def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float, batch_chunks: int,
+             on_progress: Callable[[float], None] = lambda seconds: None
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The utterance's log-probs (T', V) as consecutive pieces, one per chunk (see the module docstring),
+    each with the loudness of its frames' audio (asr.inference.result.loudness: hops_per_frame values per frame).
+
+    ``model`` is an acoustic model (asr.inference.acoustic.AcousticModel); ``batch_chunks`` chunks run per call.
+    ``on_progress(seconds)`` is called with the audio seconds of each batch once it is done.
+    """
+    rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
+    chunk, overlap = round(chunk_seconds / model.frame_seconds), round(overlap_seconds / model.frame_seconds)
+    try:
+        f = soundfile.SoundFile(str(utt.audio_filepath))
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
+        raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+    with f:
+        base = round(utt.offset * f.samplerate) if utt.has_offset else 0
+        total = round(utt.duration * rate)  # samples at the model's rate
+        starts = chunk_starts(math.ceil(total / step), chunk, overlap)
+        kept_from = 0  # first frame not yet handed out
+        for b in range(0, len(starts), batch_chunks):
+            done = kept_from
+            batch = starts[b: b + batch_chunks]
+            try:
+                audio = [read_chunk(f, s * step, min(chunk * step, total - s * step), base, rate) for s in batch]
+            except (soundfile.LibsndfileError, RuntimeError, OSError) as err:  # corrupt or truncated data
+                raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+            for a in audio:
+                check_finite(a, utt.source)
+            lengths = torch.tensor([len(a) for a in audio])
+            log_probs, out_lengths = model.log_probs(torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths)
+            for i, start in enumerate(batch):
+                end = start + int(out_lengths[i])  # frames [start, end) of the file
+                following = starts[b + i + 1] if b + i + 1 < len(starts) else None
+                if following is not None and end < following:
+                    raise ValueError(f"{utt.source}: the model gave {end - start} frames for a chunk of {chunk}: "
+                                     "its frame_seconds does not match its output")
+                meet = end if following is None else (following + end) // 2  # the middle of the overlap
+                kept = audio[i][(kept_from - start) * step: (meet - start) * step]
+                yield log_probs[i, kept_from - start: meet - start], loudness(kept, rate, model.frame_seconds)
+                kept_from = meet
+            on_progress((kept_from - done) * model.frame_seconds)
+
+
+def blank_cut(log_probs: torch.Tensor, lo: int, hi: int) -> int:
+    """A frame in [lo, hi) to cut at: the middle of the longest run of frames whose best class is
+    blank, or, with no such frame, the frame most likely blank."""
+    blank = (log_probs[lo:hi].argmax(-1) == BLANK_ID).tolist()
+    best, best_mid, run = 0, None, 0
+    for i, is_blank in enumerate(blank + [False]):
+        if is_blank:
+            run += 1
+        elif run:
+            if run > best:
+                best, best_mid = run, i - run + run // 2
+            run = 0
+    if best_mid is None:
+        best_mid = int(log_probs[lo:hi, BLANK_ID].argmax())
+    return lo + best_mid
+
+
+def segments(pieces: Iterable[torch.Tensor], length: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Consecutive log-prob pieces re-cut into segments of length/2 to ``length`` frames at pauses
+    (``blank_cut``); the last may be shorter. Yields (first frame, (T, V) log-probs)."""
+    pending, first = None, 0
+    for piece in pieces:
+        pending = piece if pending is None else torch.cat([pending, piece])
+        while len(pending) > length:
+            cut = blank_cut(pending, length // 2, length)
+            yield first, pending[:cut]
+            pending, first = pending[cut:], first + cut
+    if pending is not None and len(pending):
+        yield first, pending

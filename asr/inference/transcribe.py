@@ -1,0 +1,209 @@
+"""The Transcriber: audio files, folders and manifest lines in, ``Result``s out, with a checkpoint written by
+asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr/transcribe.py) is its command line.
+
+    from asr.inference.transcribe import Transcriber
+    t = Transcriber.from_checkpoint("last.ckpt")
+    t.transcribe(["a.flac", "b.wav"])                # -> ["text a", "text b"]
+    t.transcribe_results(["a.flac"])[0].words         # -> [Word("call", 0.32, 0.56, 0.97), ...]
+
+Files up to ``chunk_seconds`` long are batched by length (up to ``max_batch_seconds`` of padded audio);
+batching does not change any transcript. Longer files are read and run in overlapping chunks and decoded from
+the stitched frames in bounded memory (asr.inference.longform). Word times come from CTC forced alignment
+snapped to the speech in the audio, confidences from the alignment (asr.inference.result). A failed file gives
+a Result with ``error`` set, or raises TranscriptionError with ``on_error="stop"``. The checkpoint is loaded with
+``torch.load(weights_only=True)``: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from asr.audio import AudioError, check_finite, load_audio, resample
+from asr.data import manifest as mf
+from asr.data.sampler import BucketBatchSampler
+from asr.inference.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
+from asr.inference.acoustic import AcousticModel, CheckpointModel, load_model
+from asr.inference.decoding import Decoder, greedy
+from asr.inference.inputs import check_all, failed, in_order
+from asr.inference.longform import segments, stitched
+from asr.inference.result import Result, align, blank_frames, confident, loudness, words_of
+from asr.train.module import ASRModule
+
+WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
+ON_ERROR = ("continue", "stop")
+class TranscriptionError(ValueError):
+    """An input that cannot be transcribed, with on_error="stop"; the message names the file (and line)."""
+
+
+class Transcriber:
+    """A model ready to transcribe: ``Transcriber.from_checkpoint(path).transcribe(paths)``.
+
+    Args:
+        model: an AcousticModel, or an ASRModule (wrapped in CheckpointModel on ``device``).
+        device: where an ASRModule runs; an AcousticModel places itself.
+        max_batch_seconds: padded audio per model call (short files, or chunks of a long one).
+        decoder: (log_probs (B, T', V), lengths (B,)) -> token ids per utterance; greedy by default.
+        chunk_seconds: files longer than this are run in overlapping chunks of it; 0 = never chunk.
+        overlap_seconds: audio shared by neighbouring chunks; half of it is context on each side.
+        min_confidence: words whose confidence (the mean posterior of their frames, 0..1) is below this are
+            dropped from the words and the text; 0 keeps every word.
+    """
+
+    def __init__(self, model: AcousticModel | ASRModule, device: str | torch.device = "cpu",
+                 max_batch_seconds: float = 120.0, decoder: Decoder = greedy, chunk_seconds: float = 30.0,
+                 overlap_seconds: float = 4.0, min_confidence: float = 0.0):
+        self.model = CheckpointModel(model, device) if isinstance(model, ASRModule) else model
+        if chunk_seconds and not 4 * self.model.frame_seconds <= overlap_seconds <= chunk_seconds / 2:
+            raise ValueError(f"--overlap_seconds must be between 4 frames ({4 * self.model.frame_seconds:g} s) "
+                             f"and half of --chunk_seconds ({chunk_seconds / 2:g} s), got {overlap_seconds:g}")
+        self.max_batch_seconds, self.decoder = max_batch_seconds, decoder
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"--min_confidence must be between 0 and 1, got {min_confidence:g}")
+        self.chunk_seconds, self.overlap_seconds = chunk_seconds, overlap_seconds
+        self.min_confidence = min_confidence
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu", **options) -> "Transcriber":
+        """From a checkpoint of asr.fit or a model of asr.export (else CheckpointError); ``options`` as in
+        the constructor."""
+        return cls(load_model(path, device), device, **options)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.sample_rate
+
+    def transcribe(self, paths: list[str | Path], on_error: str = "continue") -> list[str]:
+        """Transcripts of the audio files ``paths``, in the same order; a file that cannot be transcribed
+        gives "" and a warning naming it (``on_error="stop"``: TranscriptionError instead)."""
+        return [r.text for r in self._warned(self.transcribe_results(paths, on_error))]
+
+    def transcribe_utterances(self, utterances: list[mf.Utterance], on_error: str = "continue") -> list[str]:
+        """Transcripts of manifest utterances (their text is ignored), in the same order; failures as in
+        ``transcribe``."""
+        return [r.text for r in self._warned(self.transcribe_results(utterances, on_error))]
+
+    @staticmethod
+    def _warned(results: list[Result]) -> list[Result]:
+        for r in results:
+            if r.error:
+                warnings.warn(r.error, stacklevel=3)
+        return results
+
+    def transcribe_results(self, inputs: list[str | Path | mf.Utterance], on_error: str = "continue"
+                           ) -> list[Result]:
+        """Results (text, words with start/end/confidence, duration) of audio files or utterances, in order.
+
+        An input that cannot be transcribed (missing, empty, not audio, corrupt) gives a Result whose
+        ``error`` names it and the reason, and the others are transcribed; with ``on_error="stop"``
+        the first such input raises TranscriptionError instead.
+        """
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        utterances = [u if isinstance(u, mf.Utterance) else mf.Utterance(Path(u), 0.0, "", source=str(u))
+                      for u in inputs]
+        order, checked, _ = check_all(self.check, [(utt, "") for utt in utterances])
+        unreadable = next((item for item in order if isinstance(item, Result)), None)
+        if unreadable and on_error == "stop":
+            raise TranscriptionError(unreadable.error)
+        results = []
+        for _, result in in_order(order, self.stream(checked)):
+            if result.error and on_error == "stop":
+                raise TranscriptionError(result.error)
+            results.append(result)
+        return results
+
+    def check(self, utt: mf.Utterance) -> tuple[mf.Utterance | mf.Problem, dict]:
+        """Read the audio's header: (the utterance with its real duration, or a Problem naming the file
+        and reason; notes {"resampled", "stereo"}), as asr.data.manifest.check_audio."""
+        return mf.check_audio(utt, self.sample_rate, "resample")
+
+    def stream(self, checked: list[mf.Utterance], progress: Callable[[float], None] = lambda seconds: None
+               ) -> Iterator[tuple[int, Result]]:
+        """(index, Result) for utterances that passed ``check``, in input order, each as soon as it can be.
+
+        A file that fails while being read (corrupt or truncated data) gives a Result with ``error``;
+        it never stops the others. ``progress(seconds)`` is called as audio is transcribed.
+        """
+        window, seconds = [], 0.0  # short utterances waiting to be batched, and their audio
+        for i, utt in enumerate(checked):
+            if self.chunk_seconds and utt.duration > self.chunk_seconds:
+                yield from self._batched(checked, window, progress)
+                window, seconds = [], 0.0
+                yield i, self._long(utt, progress)
+            else:
+                window.append(i)
+                seconds += utt.duration
+                if seconds >= WINDOW_BATCHES * self.max_batch_seconds:
+                    yield from self._batched(checked, window, progress)
+                    window, seconds = [], 0.0
+        yield from self._batched(checked, window, progress)
+
+    def _load(self, utt: mf.Utterance) -> torch.Tensor | Result:
+        """The utterance's samples at the model's rate (n,) float32, or a failed Result naming it."""
+        try:
+            samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+            check_finite(samples, str(utt.audio_filepath))
+        except AudioError as err:  # load_audio's message names the file; a manifest line adds FILE:LINE
+            return failed(utt, str(err) if utt.source == str(utt.audio_filepath) else f"{utt.source}: {err}")
+        return resample(torch.from_numpy(samples), rate, self.sample_rate)
+
+    @torch.inference_mode()
+    def _batched(self, checked: list[mf.Utterance], indices: list[int], progress) -> Iterator[tuple[int, Result]]:
+        """Results of utterances ``checked[i] for i in indices``, batched by length, yielded in that order."""
+        utts = [checked[i] for i in indices]
+        results: dict[int, Result] = {}
+        for batch_indices in BucketBatchSampler([u.duration for u in utts], self.max_batch_seconds, shuffle=False):
+            loaded = {j: self._load(utts[j]) for j in batch_indices}
+            results |= {j: r for j, r in loaded.items() if isinstance(r, Result)}
+            audio = {j: a for j, a in loaded.items() if isinstance(a, torch.Tensor)}
+            if audio:
+                padded = torch.nn.utils.rnn.pad_sequence(list(audio.values()), batch_first=True)  # (B, n)
+                log_probs, lengths = self.model.log_probs(padded, torch.tensor([len(a) for a in audio.values()]))
+                hyps = self.decoder(log_probs, lengths)
+                for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist())):
+                    levels = loudness(audio[j], self.sample_rate, self.model.frame_seconds)
+                    spans, blank = align(log_probs[row, :n], ids), blank_frames(log_probs[row, :n])
+                    results[j] = self._result(utts[j], ids, spans, levels, blank / max(n, 1))
+            progress(sum(utts[j].duration for j in batch_indices))
+        for j, i in enumerate(indices):
+            yield i, results[j]
+
+    @torch.inference_mode()
+    def _long(self, utt: mf.Utterance, progress) -> Result:
+        """One utterance longer than chunk_seconds, in chunks (asr/inference/longform.py); unreadable: a failed Result."""
+        batch_chunks = max(1, int(self.max_batch_seconds // self.chunk_seconds))
+        pieces = stitched(self.model, utt, self.chunk_seconds, self.overlap_seconds, batch_chunks, progress)
+        levels: list[torch.Tensor] = []  # the loudness of the pieces read: 0.4 kB per second of audio
+        ids, spans, blank, frames = [], [], 0, 0
+        try:
+            for first, log_probs in segments(heard(pieces, levels), round(self.chunk_seconds / self.model.frame_seconds)):
+                segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
+                ids += segment_ids
+                spans += align(log_probs, segment_ids, first)
+                blank, frames = blank + blank_frames(log_probs), frames + len(log_probs)
+        except AudioError as err:  # found mid-file: nothing of it is kept
+            return failed(utt, str(err))
+        return self._result(utt, ids, spans, torch.cat(levels), blank / max(frames, 1))
+
+    def _result(self, utt: mf.Utterance, ids: list[int], spans, levels: torch.Tensor, blank_share: float) -> Result:
+        """``levels``: the utterance's loudness (asr.inference.result), which its word times are snapped to."""
+        tokenizer = self.model.tokenizer
+        words = words_of(spans, tokenizer, self.model.frame_seconds, utt.duration, levels)
+        text = tokenizer.decode(ids)
+        if self.min_confidence:
+            kept = confident(words, self.min_confidence)
+            text = text if len(kept) == len(words) else " ".join(w.word for w in kept)
+            words = kept
+        return Result(str(utt.audio_filepath), utt.duration, text, words, utt.text,
+                      utt.offset if utt.has_offset else None, blank_share=blank_share)
+
+
+def heard(pieces: Iterator[tuple[torch.Tensor, torch.Tensor]], levels: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The log-probs of asr.inference.longform.stitched's (log-probs, loudness) pieces; their loudness goes to ``levels``."""
+    for log_probs, piece_levels in pieces:
+        levels.append(piece_levels)
+        yield log_probs

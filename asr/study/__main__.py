@@ -1,0 +1,5 @@
+"""``python -m asr.study`` (also ``asr study``): asr.study.run."""
+
+from asr.study.run import run
+
+run()

@@ -1,0 +1,82 @@
+"""Turn a sharded checkpoint folder into one ``.ckpt`` file.
+
+With ``save_distributed_checkpoint: true`` (configs/strategy/fsdp.yaml), each rank writes
+its shard of the weights and optimizer state into a folder (torch.distributed.checkpoint
+files plus ``meta.pt``). This merges them into the file format every other strategy writes,
+which ``asr.transcribe`` reads and ``asr.fit --ckpt_path`` resumes from under any
+strategy and device count:
+
+    python -m asr.convert runs/default/version_0/checkpoints/last.ckpt last-full.ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from asr.atomic import write_atomically
+from asr.tools.average import precious
+
+METADATA = "meta.pt"  # what Lightning writes beside the shards: everything but weights and optimizer state
+
+
+def convert(folder: str | Path, output: str | Path) -> Path:
+    """Merge the sharded checkpoint ``folder`` into the single file ``output`` (written atomically).
+
+    Raises ValueError naming ``folder`` if it has no meta.pt or its shards cannot be read.
+    """
+    folder, output = Path(folder), Path(output)
+    if not (folder / METADATA).is_file():
+        raise ValueError(f"{folder} is not a sharded checkpoint folder: it has no {METADATA}")
+    checkpoint = torch.load(folder / METADATA, map_location="cpu", weights_only=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            dcp_to_torch_save(folder, Path(tmp) / "merged.pt")
+        except CheckpointException as err:  # a BaseException: it would escape `except Exception`
+            raise ValueError(f"{folder}: its shards cannot be read (incomplete, or not written by "
+                             "torch.distributed.checkpoint)") from err
+        merged = torch.load(Path(tmp) / "merged.pt", map_location="cpu", weights_only=True)
+    checkpoint["state_dict"] = merged["state_dict"]
+    optimizers = sorted((k for k in merged if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
+    checkpoint["optimizer_states"] = [by_parameter_index(merged[k]) for k in optimizers]
+    with write_atomically(output) as partial:  # never a half-written checkpoint under the real name
+        torch.save(checkpoint, partial)
+    return output
+
+
+def by_parameter_index(state: dict) -> dict:
+    """A sharded optimizer state is keyed by parameter name; torch.optim.Optimizer.load_state_dict wants indices."""
+    names = [name for group in state["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(names)}
+    groups = [dict(group, params=[index[n] for n in group["params"]]) for group in state["param_groups"]]
+    per_parameter = state.get("state", {})  # absent for a stateless optimizer (plain SGD)
+    return {"state": {index[name]: value for name, value in per_parameter.items()}, "param_groups": groups}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m asr.convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="a sharded checkpoint folder written with save_distributed_checkpoint: true")
+    parser.add_argument("output", help="the .ckpt file to write")
+    args = parser.parse_args(argv)
+    refused = precious(Path(args.output), [])
+    if refused:
+        sys.exit(f"python -m asr.convert: error: not written: {refused}")
+    try:
+        print(f"wrote {convert(args.folder, args.output)}")
+    except (ValueError, OSError) as err:  # OSError: the output's folder cannot be written, or is full
+        sys.exit(f"python -m asr.convert: error: {err}")
+
+
+def run() -> None:
+    """The command, as ``asr ...`` and ``python -m ...`` run it (see asr.__main__)."""
+    main()
+
+
+if __name__ == "__main__":
+    run()

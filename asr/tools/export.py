@@ -1,0 +1,267 @@
+"""Export a checkpoint for serving: one ``.pt2`` file that needs only torch and sentencepiece.
+
+    python -m asr.export runs/default/version_0/checkpoints/last.ckpt model.pt2
+    python -m asr.transcribe --checkpoint model.pt2 data/mini/test.jsonl
+
+The file is a ``torch.export`` program (ATen graph plus weights; ``load`` imports nothing from
+``asr.models.ctc`` and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode: the
+feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head.
+Batch size and audio length are dynamic. Beside the graph, as the archive's extra files, it
+carries what decoding needs: ``asr.json`` (sample rate, seconds per output frame, ...) and the
+sentencepiece model (``tokenizer.model.b64``, base64: extra files are text).
+
+    from asr.tools.export import load
+    model = load("model.pt2")
+    log_probs, out_lengths = model.log_probs(audio, lengths)   # (B, N) samples -> (B, T', V), (B,)
+    texts = [model.tokenizer.decode(ids) for ids in asr.inference.decoding.greedy(log_probs, out_lengths)]
+
+Why torch.export and not TorchScript: torch 2.14 deprecates ``torch.jit.script``/``trace``
+(FutureWarning), and tracing would freeze the batch's lengths into the graph. Why not ONNX:
+it would add onnx/onnxruntime as dependencies. The export ends with a parity check (exported
+vs checkpoint log-probs and greedy transcripts on batches of other sizes and lengths than
+the example it was traced with) and fails, writing nothing, if they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import sys
+import time
+import warnings
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asr.atomic import write_atomically
+from asr.tools.average import precious
+from asr.inference.decoding import greedy
+from asr.tokenizer import BLANK_ID, Tokenizer
+
+FORMAT = "asr-ctc-export"  # asr.json's "format": what is_exported looks for
+FORMAT_VERSION = 1
+METADATA_FILE = "asr.json"
+TOKENIZER_FILE = "tokenizer.model.b64"
+PARITY_ATOL = 1e-4  # max |exported - checkpoint| log-prob allowed; the graphs run the same ATen ops
+# (batch of utterance lengths in seconds): other batch sizes and lengths than the traced example,
+# including an utterance too short for one encoder frame.
+PARITY_BATCHES = ((2.7, 0.4, 1.6), (0.9,), (1.1, 1.1, 0.25, 3.2, 2.0), (0.03,))
+EXAMPLE_SECONDS = (1.0, 0.6)  # the batch torch.export traces with; any size and length runs afterwards
+
+
+@dataclass
+class ExportedModel:
+    """An exported model ready to decode; the same members as asr.transcribe's checkpoint adapter."""
+
+    program: nn.Module  # the exported graph: (audio (B, N) fp32, lengths (B,) int64) -> (log_probs, out_lengths)
+    sample_rate: int  # Hz the audio must have
+    tokenizer: Tokenizer  # output class i is piece i; class 0 is the CTC blank
+    frame_seconds: float  # seconds of audio per output frame (feature hop x subsampling)
+    min_samples: int  # narrower batches are zero-padded to this width (the graph's lower bound)
+    device: torch.device
+
+    @torch.inference_mode()
+    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, N) float samples at ``sample_rate``, lengths (B,) in samples ->
+        log_probs (B, T', V) fp32 and out_lengths (B,) in output frames.
+
+        Frames at or past ``out_lengths[b]`` are padding: their values mean nothing, and T'
+        follows the padded width N, so it may exceed ``max(out_lengths)``.
+        """
+        audio = audio.to(self.device, torch.float32)
+        if audio.shape[1] < self.min_samples:  # padding past the lengths changes no output frame
+            audio = F.pad(audio, (0, self.min_samples - audio.shape[1]))
+        return self.program(audio, lengths.to(self.device, torch.int64))
+
+
+def is_exported(path: str | Path) -> bool:
+    """True if ``path`` is a file written by ``python -m asr.export`` (not a training checkpoint)."""
+    try:
+        with zipfile.ZipFile(path) as archive:  # a torch.save checkpoint is a zip too: look inside
+            return any(name.endswith(f"/extra/{METADATA_FILE}") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> ExportedModel:
+    """Read a file written by ``python -m asr.export``; imports nothing from asr.models.ctc."""
+    if not is_exported(path):
+        raise ValueError(f"{path} is not a file written by python -m asr.export (no {METADATA_FILE} inside)")
+    refuse_pickled_code(path)
+    extra = {METADATA_FILE: "", TOKENIZER_FILE: ""}
+    with open(path, "rb") as f:  # a file object: by name, torch.export.load wants a .pt2 suffix
+        program = torch.export.load(f, extra_files=extra)
+    meta = json.loads(extra[METADATA_FILE])
+    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format {meta.get('format')} version {meta.get('version')}; this asr reads "
+                         f"{FORMAT} version {FORMAT_VERSION}: export the checkpoint again")
+    device = torch.device(device)
+    if device.type != "cpu":
+        program = torch.export.passes.move_to_device_pass(program, device)
+    tokenizer = Tokenizer(base64.b64decode(extra[TOKENIZER_FILE]))
+    return ExportedModel(program.module(), meta["sample_rate"], tokenizer, meta["frame_seconds"],
+                         meta["min_samples"], device)
+
+
+def refuse_pickled_code(path: str | Path) -> None:
+    """Raise ValueError unless ``path``'s tensors load without unpickling code.
+
+    torch.export.load unpickles (``weights_only=False``) any weight or constant marked
+    ``use_pickle`` and custom objects, and falls back to it for sample inputs that a
+    weights-only load refuses: a crafted file could run code. asr.export writes none of these.
+    """
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if name.endswith("_config.json") and "/data/" in name:
+                for fqn, payload in json.loads(archive.read(name)).get("config", {}).items():
+                    if payload.get("use_pickle") or not payload.get("path_name", "").startswith(("weight_", "tensor_")):
+                        raise ValueError(f"{path}: {fqn} would be unpickled; asr.export never writes that")
+            elif "/data/sample_inputs/" in name:
+                try:
+                    torch.load(io.BytesIO(archive.read(name)), weights_only=True)
+                except Exception as err:  # UnpicklingError, or whatever a malformed file raises
+                    raise ValueError(f"{path}: its sample inputs need unpickling ({err})") from err
+
+
+def serving_model(model: nn.Module) -> nn.Module:
+    """A fp32, eval-mode copy of a CTCModel (the original is untouched)."""
+    import copy
+
+    return copy.deepcopy(model).float().eval()
+
+
+def example_batch(seconds: tuple[float, ...], sample_rate: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded (B, N) batch of quiet noise with the given durations, and its lengths (B,) in samples."""
+    generator = torch.Generator().manual_seed(seed)
+    audio = [0.1 * torch.randn(max(1, int(s * sample_rate)), generator=generator) for s in seconds]
+    return nn.utils.rnn.pad_sequence(audio, batch_first=True), torch.tensor([len(a) for a in audio])
+
+
+def export_program(model: nn.Module, sample_rate: int) -> torch.export.ExportedProgram:
+    """torch.export ``model`` with a dynamic batch and audio length (Dim.DYNAMIC: an error if anything specialises)."""
+    dynamic = torch.export.Dim.DYNAMIC
+    with torch.no_grad():
+        return torch.export.export(model, example_batch(EXAMPLE_SECONDS, sample_rate), strict=False,
+                                   dynamic_shapes=({0: dynamic, 1: dynamic}, {0: dynamic}))
+
+
+def min_samples(program: torch.export.ExportedProgram, model: nn.Module) -> int:
+    """The narrowest audio batch (samples) the graph runs on: its guard on the audio width, and
+    wide enough for 2 encoder frames, since torch.export assumes a traced size of 2 or more is never 1."""
+    audio = next(node for node in program.graph.find_nodes(op="placeholder") if node.name == "audio")
+    width = audio.meta["val"].shape[1]
+    lower = int(program.range_constraints[width.node.expr].lower) if isinstance(width, torch.SymInt) else int(width)
+    hop = model.features.config.hop_length
+    samples = hop
+    while model.encoder_frames(samples) < 2:
+        samples += hop
+    return max(lower, samples)
+
+
+@dataclass
+class Parity:
+    """Exported vs checkpoint on the same batches."""
+
+    utterances: int
+    max_abs_diff: float  # over the frames inside each utterance's length
+    same_lengths: bool
+    same_transcripts: int  # utterances whose greedy token ids agree
+
+    @property
+    def ok(self) -> bool:
+        return self.same_lengths and self.same_transcripts == self.utterances and self.max_abs_diff <= PARITY_ATOL
+
+    def __str__(self) -> str:
+        verdict = "OK" if self.ok else "FAILED"
+        return (f"parity {verdict}: {self.utterances} utterances in {len(PARITY_BATCHES)} batches, max |log-prob diff| "
+                f"{self.max_abs_diff:.2e} (allowed {PARITY_ATOL:.0e}), output lengths "
+                f"{'equal' if self.same_lengths else 'DIFFER'}, greedy transcripts identical "
+                f"{self.same_transcripts}/{self.utterances}")
+
+
+@torch.inference_mode()
+def parity(model: nn.Module, exported: ExportedModel, batches=PARITY_BATCHES) -> Parity:
+    """Compare a CTCModel (eval mode) with its export on padded batches of the given durations (seconds)."""
+    utterances, diff, same_lengths, same = 0, 0.0, True, 0
+    for seconds in batches:
+        audio, lengths = example_batch(seconds, exported.sample_rate, seed=len(seconds))
+        want, want_lengths = model(audio, lengths)
+        got, got_lengths = exported.log_probs(audio, lengths)
+        same_lengths &= torch.equal(want_lengths, got_lengths.cpu())
+        for b, n in enumerate(want_lengths.tolist()):
+            if n:
+                diff = max(diff, (want[b, :n] - got[b, :n].cpu()).abs().max().item())
+        same += sum(w == g for w, g in zip(greedy(want, want_lengths), greedy(got.cpu(), got_lengths.cpu())))
+        utterances += len(seconds)
+    return Parity(utterances, diff, same_lengths, same)
+
+
+def metadata(module: nn.Module, program: torch.export.ExportedProgram, checkpoint: Path) -> dict:
+    """asr.json: what decoding needs beside the graph, and where the model came from."""
+    features = module.model.features.config
+    return {
+        "format": FORMAT, "version": FORMAT_VERSION,
+        "sample_rate": features.sample_rate,
+        "frame_seconds": module.model.frame_seconds,
+        "min_samples": min_samples(program, module.model),
+        "vocab_size": module.tokenizer.vocab_size, "blank_id": BLANK_ID,
+        "features": asdict(features),
+        "hyper_parameters": {k: v for k, v in module.hparams.items() if v is None or isinstance(v, (int, float, str, bool, dict))},
+        "checkpoint": checkpoint.name, "torch": torch.__version__,
+    }
+
+
+def export(checkpoint: str | Path, output: str | Path) -> Parity:
+    """Export ``checkpoint`` to ``output`` (a .pt2 file), check parity, and only then move it into place.
+
+    Raises RuntimeError (and leaves no ``output``) if the exported model disagrees with the checkpoint.
+    """
+    from asr.train.module import ASRModule  # here, not at the top: load() must not need asr.models.ctc
+
+    checkpoint, output = Path(checkpoint), Path(output)
+    module = ASRModule.from_checkpoint(checkpoint)
+    program = export_program(serving_model(module.model), module.model.sample_rate)
+    extra = {METADATA_FILE: json.dumps(metadata(module, program, checkpoint), indent=1),
+             TOKENIZER_FILE: base64.b64encode(module.tokenizer.serialized).decode("ascii")}
+    with write_atomically(output) as partial:  # never a half-written or unchecked file under the real name
+        with open(partial, "wb") as f, warnings.catch_warnings():  # a file object: by name it wants .pt2
+            warnings.filterwarnings("ignore", "No complete tensor found")  # said of every CPU-only model
+            torch.export.save(program, f, extra_files=extra)
+        result = parity(module.model.float().eval(), load(partial))
+        if not result.ok:
+            raise RuntimeError(f"{output}: not written, the export disagrees with {checkpoint}: {result}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m asr.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a .ckpt written by python -m asr.fit (or asr.average / asr.convert)")
+    parser.add_argument("output", help="the .pt2 file to write")
+    args = parser.parse_args(argv)
+    if not Path(args.checkpoint).is_file():
+        parser.error(f"checkpoint {args.checkpoint}: no such file")
+    refused = precious(Path(args.output), [Path(args.checkpoint)])
+    if refused:
+        sys.exit(f"{parser.prog}: error: not written: {refused}")
+    start = time.perf_counter()
+    try:
+        result = export(args.checkpoint, args.output)
+    except (RuntimeError, OSError) as err:  # OSError: the output's folder cannot be written, or is full
+        sys.exit(f"{parser.prog}: error: {err}")
+    size = Path(args.output).stat().st_size / 2**20
+    print(f"{args.output}: {size:.1f} MiB, exported in {time.perf_counter() - start:.1f} s\n{result}")
+
+
+def run() -> None:
+    """The command, as ``asr ...`` and ``python -m ...`` run it (see asr.__main__)."""
+    main()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,359 @@
+"""ASRModule: the LightningModule around asr.models.ctc.CTCModel; the loss is its objective's (asr.train.objectives).
+
+Train, validation and test share ``_shared_step`` and log ``{stage}/loss``; validation
+and test also log ``{stage}/wer`` and ``{stage}/cer``, computed with jiwer over the whole
+set (error counts are summed over batches and ranks, not averaged per batch).
+
+Collectives: every cross-rank sum is an explicit ``strategy.reduce`` in a hook that every rank
+runs at the same point (the training step, validation/test epoch end, before the optimizer
+step), and nothing is logged with ``sync_dist``: Lightning computes synced epoch metrics
+lazily, on rank 0 as early as its progress bar asks for them, which deadlocks against any
+collective the other ranks are in. Logged values are already global when logged. The training
+step's reduce also carries each rank's elapsed training time, so a run bounded by ``--trainer.max_time``
+anneals its lr (WarmupCosine) by the same clock on every rank, without a collective of its own.
+
+A non-finite loss or gradient skips that update on every rank together; ``train/skipped_steps``
+counts them and ``max_consecutive_skips`` in a row stop the run (``NonFiniteLossError``).
+Checkpoints carry the tokenizer (``checkpoint["tokenizer"]``), so one file is enough
+to transcribe: ``ASRModule.from_checkpoint(path)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import typing
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Timer
+from pytorch_lightning.cli import OptimizerCallable
+from pytorch_lightning.utilities import rank_zero_warn
+
+from asr.audio import FeatureConfig, SpecAugment, SpecAugmentConfig
+from asr.data.batch import Batch
+from asr.models.config import EncoderConfig
+from asr.models.ctc import CTCModel
+from asr.scoring import score
+from asr.tokenizer import Tokenizer
+from asr.settings import plain_settings
+from asr.train.legacy import as_setting, current_names, group_settings
+from asr.train.objectives import CTC
+
+# what _shared_step counts per evaluation batch, summed over batches and then over ranks
+EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
+
+
+class ASRModule(pl.LightningModule):
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        features: FeatureConfig = FeatureConfig(),
+        encoder: EncoderConfig = EncoderConfig(),
+        spec_augment: SpecAugmentConfig | None = SpecAugmentConfig(),
+        inter_ctc: float = 0.0,
+        checkpoint_every: int = 0,
+        compile: bool = False,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        warmup_steps: int = 200,
+        warmup_share: float = 0.3,
+        min_lr_ratio: float = 0.05,
+        max_consecutive_skips: int = 10,
+    ):
+        """
+        Args:
+            tokenizer: linked from data.tokenizer; its vocab_size sets the CTC head's width.
+            features: the feature front end (asr.audio.FeatureConfig); its sample_rate is linked from data.sample_rate.
+            encoder: the encoder's shapes (asr.models.config.EncoderConfig).
+            spec_augment: SpecAugment in training (asr.audio.SpecAugmentConfig); null turns it off.
+            inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
+                (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
+                0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
+            checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
+            compile: torch.compile each encoder block (after FSDP sharding, if any).
+            optimizer: the optimizer class and its arguments (AdamW by default).
+            warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
+            warmup_share: with --trainer.max_time, warm-up also ends once this share of the time has passed, if
+                that comes first: it lasts at most this share of the steps this machine makes in that time
+                (WarmupCosine), so a slower machine leaves warm-up too. On the CPU the Czech recipe was tuned on
+                (1,278 steps in its 15 minutes) 0.3 ends its 400-step warm-up at step 384.
+            min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step, or,
+                with --trainer.max_time, when the time runs out if that comes first (WarmupCosine).
+            max_consecutive_skips: stop the run when this many updates in a row had a non-finite loss or
+                gradient (each is skipped on every rank); 0 = never stop.
+        """
+        super().__init__()
+        if tokenizer is None:
+            raise ValueError("ASRModule needs a tokenizer: asr.fit links it from data.tokenizer")
+        if not 0.0 < warmup_share <= 1.0:
+            raise ValueError(f"model.warmup_share must be in (0, 1], got {warmup_share}")
+        if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"model.warmup_steps must be >= 0 and model.min_lr_ratio in [0, 1], got {warmup_steps} "
+                             f"and {min_lr_ratio:g}")
+        self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
+        plain_settings(self)
+        self.tokenizer, self.optimizer_factory = tokenizer, optimizer
+        self.objective = CTC(inter_ctc)
+        bin_hz = features.bin_hz() if spec_augment and spec_augment.warps else None  # only the warp needs it
+        augment = SpecAugment(spec_augment, bin_hz) if spec_augment else None
+        self.model = CTCModel(features, encoder, tokenizer.vocab_size, augment, checkpoint_every)
+        if inter_ctc and self.model.encoder.middle_block < 0:
+            raise ValueError(f"model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got "
+                             f"{encoder.n_layers} (with model.inter_ctc {inter_ctc}; model.inter_ctc 0 turns it off)")
+        self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
+        self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
+        self.step_clock: torch.Tensor | None = None  # the ranks' mean seconds of training at this update (max_time)
+        self.timer: Timer | None = None  # trainer.max_time's Timer, if the run is bounded by time
+        self.train_loss: list[float] | None = None  # (loss sum, tokens) of this epoch's updates, over all ranks
+        self.skipped_steps, self.consecutive_skips = 0, 0
+        self.validated_epoch = -1  # the epoch of the last validation while fitting: the per-epoch line's val/ figures
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ASRModule":
+        """Rebuild from one checkpoint file, without executing pickled code (weights_only load)."""
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        if "tokenizer" not in checkpoint:
+            raise ValueError(f"{path} has no tokenizer inside: it was not written by asr.fit")
+        module = cls(tokenizer=Tokenizer(checkpoint["tokenizer"]), **cls.settings(checkpoint["hyper_parameters"]))
+        module.load_state_dict(current_names(checkpoint["state_dict"]))
+        return module.eval()
+
+    @classmethod
+    def settings(cls, hyper_parameters: dict) -> dict:
+        """A checkpoint's hyper-parameters as this class's arguments (asr.train.legacy: also those of checkpoints
+        written before the settings were grouped); keys LightningCLI added are dropped, and a setting the
+        checkpoint lacks gets its default."""
+        accepted, types = inspect.signature(cls.__init__).parameters, typing.get_type_hints(cls.__init__)
+        grouped = group_settings(hyper_parameters)
+        return {name: as_setting(types[name], grouped.get(name, p.default)) for name, p in accepted.items()
+                if name not in ("self", "tokenizer", "optimizer")}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokenizer"] = self.tokenizer.serialized
+        checkpoint["skipped_steps"] = (self.skipped_steps, self.consecutive_skips)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "state_dict" in checkpoint:  # (a sharded FSDP checkpoint restores its weights itself)
+            checkpoint["state_dict"] = current_names(checkpoint["state_dict"])  # a run made before the encoder seam
+        self.skipped_steps, self.consecutive_skips = checkpoint.get("skipped_steps", (0, 0))
+
+    def configure_model(self) -> None:
+        """FSDP2 under ModelParallelStrategy: shard each encoder block, then the rest; then compile.
+
+        Lightning's device mesh is (data_parallel, tensor_parallel) = (nodes, devices per node)
+        with sizes "auto". fully_shard on this 2-D mesh replicates across its first dimension and
+        shards across its second (HSDP): parameters are gathered over the fast links inside a
+        node, and only gradients cross nodes. On one node that is plain FSDP.
+        """
+        if getattr(self, "_configured", False):  # Lightning calls this again for test after fit
+            return
+        self._configured = True
+        if self.device_mesh is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            self.model.to(memory_format=torch.contiguous_format)  # FSDP2 refuses channels-last (the subsampling's)
+            for unit in self.model.encoder.units():
+                fully_shard(unit, mesh=self.device_mesh)
+            fully_shard(self.model, mesh=self.device_mesh)
+        if self.hparams.compile:
+            for unit in self.model.encoder.units():
+                unit.compile()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip with torch's own functions, which also handle FSDP2's sharded (DTensor) gradients."""
+        if not gradient_clip_val:
+            return
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(self.parameters(), gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model(audio, lengths)
+
+    def transcribe_batch(self, audio: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        log_probs, out_lengths = self.model(audio, lengths)
+        return [self.tokenizer.decode(ids) for ids in self.objective.decode(log_probs, out_lengths)]
+
+    def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks; every rank must call it at the same point (see the module docstring)."""
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
+
+    def _shared_step(self, batch: Batch, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(summed loss to minimise, summed CTC loss of the output, the batch's target tokens); they differ
+        only in training with inter_ctc. Evaluation also counts word and char errors."""
+        objective, loss_sum, log_probs, lengths = self.objective(self.model, batch, training=stage == "train")
+        tokens = batch.token_lengths.sum().to(self.device, torch.float64)
+        if stage != "train":
+            hypotheses = [self.tokenizer.decode(ids) for ids in self.objective.decode(log_probs, lengths)]
+            counts = torch.cat([error_counts(batch.texts, hypotheses).to(self.device),
+                                torch.stack([loss_sum.detach().double(), tokens])])
+            self.errors[stage] = self.errors.get(stage, 0) + counts
+        return objective, loss_sum, tokens
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        """The loss to backpropagate: this rank's summed loss over the global batch's tokens, times the
+        world size, so the ranks' averaged gradients equal the gradient of the global batch's per-token
+        loss as one process would compute it."""
+        objective, loss_sum, tokens = self._shared_step(batch, "train")
+        elapsed = self.timer.time_elapsed("train") if self.timer else 0.0
+        counts = torch.tensor([len(batch.texts), elapsed], dtype=torch.float64, device=self.device)
+        # the clock rides in the step's one reduce: every rank gets the same mean, so the same lr
+        totals = self._reduce(torch.cat([loss_sum.detach().double().view(1), tokens.view(1), counts]))
+        self.step_totals = totals[:3] if self.step_totals is None else self.step_totals + totals[:3]  # (accumulation)
+        self.step_clock = totals[3:] / self.trainer.world_size
+        return objective * (self.trainer.world_size / totals[1].clamp(min=1))
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Log the update's global per-token loss, or, when any rank's loss or gradient has a NaN or Inf,
+        skip the update on every rank: gradients are dropped, so weights and optimizer moments stay."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        bad = torch.zeros(1, dtype=torch.float64, device=self.device)
+        # 16-mixed: the GradScaler skips overflowing gradients and tunes its scale itself
+        if params and getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]  # FSDP2 shards
+            bad = any_nonfinite(grads).double().view(1)
+        flagged, loss, tokens, utterances, self.schedule.elapsed = torch.cat(
+            [self._reduce(bad), self.step_totals, self.step_clock]).tolist()  # one sync; the lr after this step
+        self.step_totals = None
+        if flagged or not math.isfinite(loss):
+            for p in params:
+                p.grad = None
+            self.skipped_steps, self.consecutive_skips = self.skipped_steps + 1, self.consecutive_skips + 1
+            self.print(f"step {self.global_step}: non-finite loss or gradient, update skipped on every rank "
+                       f"({self.consecutive_skips} in a row, {self.skipped_steps} in all)")
+        else:
+            self.consecutive_skips = 0
+            self.log("train/loss", loss / max(tokens, 1), batch_size=int(utterances), prog_bar=True, on_epoch=True)
+            self.train_loss = [x + y for x, y in zip(self.train_loss or [0.0, 0.0], (loss, tokens))]
+        self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        limit = self.hparams.max_consecutive_skips
+        if limit and self.consecutive_skips >= limit:
+            raise NonFiniteLossError(
+                f"{self.consecutive_skips} updates in a row had a non-finite loss or gradient (step "
+                f"{self.global_step}); stopping. Look for bad audio or labels, lower the learning rate, or "
+                "raise --model.max_consecutive_skips.")
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def _log_evaluation(self, stage: str) -> None:
+        counts = self.errors.pop(stage, torch.zeros(len(EVAL_COUNTS), dtype=torch.float64, device=self.device))
+        word_errors, words, char_errors, chars, loss, tokens = self._reduce(counts).tolist()
+        self.log(f"{stage}/loss", loss / max(tokens, 1), prog_bar=True)  # per token over the whole set
+        self.log(f"{stage}/wer", word_errors / max(words, 1), prog_bar=True)
+        self.log(f"{stage}/cer", char_errors / max(chars, 1), prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+        if not self.trainer.sanity_checking:
+            self.validated_epoch = self.current_epoch
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    def on_train_epoch_end(self) -> None:
+        """One line per epoch: mean train loss and the validation figures computed in this epoch, if any."""
+        total, tokens = self.train_loss or (0.0, 0.0)  # global already (on_before_optimizer_step): no collective
+        self.train_loss = None
+        line = f"epoch {self.current_epoch}: train/loss {total / max(tokens, 1):.4f}"
+        if self.validated_epoch == self.current_epoch:
+            metrics = self.trainer.callback_metrics
+            line += "".join(f"  {name} {float(metrics[name]):.4f}" for name in ("val/loss", "val/wer", "val/cer")
+                            if name in metrics)
+        else:
+            line += "  (no validation in this epoch)"
+            warn_if_validation_was_due(self.trainer)
+        self.print(line)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.parameters())
+        # The schedule's length is set in on_train_start: trainer.estimated_stepping_batches builds the
+        # train loader, and built here, before a checkpoint is restored, it would start a resumed
+        # epoch from its first batch instead of where the checkpoint left it.
+        hp = self.hparams
+        self.schedule = WarmupCosine(hp.warmup_steps, None, hp.min_lr_ratio, warmup_share=hp.warmup_share)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        self.schedule.total = max(1, self.trainer.estimated_stepping_batches)
+        # --trainer.max_time: Lightning's Timer stops the run; the cosine reaches its floor by then too
+        self.timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer) and c.time_remaining()), None)
+        self.schedule.duration = self.timer.time_elapsed() + self.timer.time_remaining() if self.timer else None
+
+
+def any_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """True (a 0-d bool tensor) when any element of ``tensors`` is NaN or +-Inf: then its tensor's sum is too.
+
+    One sum per tensor and one check of them all took 0.5 ms for the default model's 190 gradients, against
+    3.8 ms for an isfinite and an all per tensor. Sums are float32, so a finite tensor whose sum overflows
+    (past about 3.4e38; float64 elements that large, too) also counts: a gradient that large is no update to take.
+    """
+    return torch.stack([t.sum(dtype=torch.float32) for t in tensors]).isfinite().all().logical_not()
+
+
+def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:
+    """[word errors, reference words, char errors, reference chars] for a batch (asr.scoring.score, jiwer)."""
+    counts = score(references, hypotheses)
+    words, chars = counts["words"], counts["chars"]
+    return torch.tensor([words["substitutions"] + words["deletions"] + words["insertions"], words["n"],
+                         chars["substitutions"] + chars["deletions"] + chars["insertions"], chars["n"]],
+                        dtype=torch.float64)
+
+
+def warn_if_validation_was_due(trainer: pl.Trainer) -> None:
+    """Say loudly that a whole epoch ended without the validation its settings asked for."""
+    every = trainer.check_val_every_n_epoch
+    stopping = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+    if trainer.enable_validation and every and (trainer.current_epoch + 1) % every == 0 and not stopping:
+        rank_zero_warn(
+            f"validation was due after epoch {trainer.current_epoch} but did not run: Lightning validates at "
+            f"training batch {trainer.val_check_batch} of each epoch (val_check_interval; the train loader announced "
+            f"{trainer.num_training_batches}) and this epoch ended after {trainer.fit_loop.epoch_loop.batch_idx + 1}; "
+            "val/ metrics and checkpoint selection still hold an older epoch's figures"
+        )
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient (ASRModule.max_consecutive_skips)."""
+
+
+class WarmupCosine:
+    """lr multiplier: a linear ramp from 0 to 1 over ``warmup`` steps, times a cosine from 1 down to ``floor``.
+
+    The cosine's progress is the larger of the step progress, (step - warmup) / (total - warmup), and,
+    when the run is bounded by time, the time progress, ``elapsed / duration`` (seconds), so the lr reaches
+    the floor at whichever limit comes first. In a run bounded by time the ramp also ends once
+    ``warmup_share`` of the time has passed: with N = step x duration / elapsed, the steps this machine
+    will make at its rate so far (updated every step), warm-up lasts min(warmup, warmup_share x N) steps,
+    so a machine that makes few steps in the time leaves warm-up all the same. ``total`` may be set after
+    construction (None until then counts as no progress past warm-up); ``elapsed`` is set by the owner of
+    the clock before each scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every
+    rank has one lr).
+    """
+
+    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None,
+                 warmup_share: float = 1.0):
+        self.warmup, self.total, self.floor = warmup, total, floor
+        self.duration, self.elapsed, self.warmup_share = duration, 0.0, warmup_share
+
+    def progress(self, step: int) -> float:
+        """How far along the cosine, 0 to 1: steps past warm-up, or the share of ``duration`` elapsed."""
+        steps = (step - self.warmup) / max(1, (self.total or step) - self.warmup)
+        seconds = self.elapsed / self.duration if self.duration else 0.0
+        return min(1.0, max(0.0, steps, seconds))
+
+    def ramp(self, step: int) -> float:
+        """How far along warm-up, 0 to 1: steps over ``warmup``, or time over ``warmup_share`` of ``duration``."""
+        if self.warmup <= 0:
+            return 1.0
+        seconds = self.elapsed / (self.duration * self.warmup_share) if self.duration else 0.0
+        return min(1.0, max((step + 1) / self.warmup, seconds))
+
+    def __call__(self, step: int) -> float:
+        return self.ramp(step) * (self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(step))))

@@ -1,0 +1,161 @@
+"""asr.export: the exported file transcribes as its checkpoint does, on batches of any size and
+length, loads without the training code, and is refused (nothing written) when it would not."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.audio import FeatureConfig
+from asr.models.config import EncoderConfig
+from asr.tools import export
+from asr.inference.decoding import greedy
+from asr.train.module import ASRModule
+from tests.conftest import save_checkpoint
+
+# Batches unlike the traced example (2 utterances of 1.0 and 0.6 s): 1 to 5 utterances, 0.02 to 2.3 s.
+BATCHES = [(0.7,), (2.3, 0.2, 1.3), (0.5, 0.5, 0.02, 1.9, 0.8)]
+
+
+def write_checkpoint(path: Path, tokenizer, seed: int = 0, features: dict | None = None, encoder: dict | None = None,
+                     **hparams) -> Path:
+    """A tiny randomly initialised checkpoint: its transcripts are arbitrary but deterministic. ``features`` and
+    ``encoder``: other FeatureConfig and EncoderConfig fields, ``hparams``: other arguments of ASRModule."""
+    torch.manual_seed(seed)
+    shapes = EncoderConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "ff_mult": 2, "dropout": 0.1,
+                              **(encoder or {})})
+    settings = dict(features=FeatureConfig(**(features or {})), encoder=shapes) | hparams
+    return save_checkpoint(ASRModule(tokenizer=tokenizer, **settings), path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and on a busy machine far faster than on two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, char_tokenizer):
+    """exports(name) -> (checkpoint, exported file, what the CLI printed); each exported once per module.
+
+    "mel": 16 kHz log-mel, x4, global attention. "linear": 8 kHz linear, x8, a 2-frame attention window.
+    """
+    made = {}
+    settings = {"mel": dict(),
+                "linear": dict(features=dict(sample_rate=8000), encoder=dict(subsampling=8, attention_window=2))}
+
+    def get(name: str) -> tuple[Path, Path, str]:
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            checkpoint = write_checkpoint(folder / "m.ckpt", char_tokenizer, **settings[name])
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                export.main([str(checkpoint), str(folder / "m.pt2")])
+            made[name] = checkpoint, folder / "m.pt2", printed.getvalue()
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", ["mel", "linear"])
+def test_exported_model_transcribes_as_the_checkpoint_on_varied_batches(exports, char_tokenizer, waveforms, name):
+    checkpoint, exported_file, printed = exports(name)
+    assert "parity OK" in printed
+    assert export.is_exported(exported_file) and not export.is_exported(checkpoint)
+    module, exported = ASRModule.from_checkpoint(checkpoint), export.load(exported_file)
+    rate = module.hparams.features["sample_rate"]
+    assert exported.sample_rate == rate
+    assert exported.frame_seconds == pytest.approx(0.01 * module.hparams.encoder["subsampling"])
+    assert exported.tokenizer.serialized == char_tokenizer.serialized
+    for seed, seconds in enumerate(BATCHES):
+        audio, lengths = waveforms(*seconds, rate=rate, seed=seed)
+        want, want_lengths = module(audio, lengths)
+        got, got_lengths = exported.log_probs(audio, lengths)
+        assert torch.equal(got_lengths, want_lengths)
+        for b, n in enumerate(want_lengths.tolist()):
+            torch.testing.assert_close(got[b, :n], want[b, :n], atol=1e-5, rtol=1e-5)
+        assert greedy(got, got_lengths) == greedy(want, want_lengths)
+        # extra padding past the longest utterance changes no frame inside the lengths
+        wider, wider_lengths = exported.log_probs(torch.nn.functional.pad(audio, (0, rate // 3)), lengths)
+        assert torch.equal(wider_lengths, want_lengths)
+        for b, n in enumerate(want_lengths.tolist()):
+            torch.testing.assert_close(wider[b, :n], want[b, :n], atol=1e-5, rtol=1e-5)
+
+
+LOAD_WITHOUT_TRAINING_CODE = """
+import json, sys
+for name in ("asr.models.ctc", "asr.train.module", "asr.audio", "asr.data.module", "pytorch_lightning", "lightning", "torchaudio"):
+    sys.modules[name] = None  # any import of these now fails
+import torch
+from asr.inference.decoding import greedy
+from asr.tools.export import load
+model = load(sys.argv[1])
+audio, lengths = torch.load(sys.argv[2])
+log_probs, out_lengths = model.log_probs(audio, lengths)
+print(json.dumps([model.tokenizer.decode(ids) for ids in greedy(log_probs, out_lengths)]))
+"""
+
+
+def test_exported_file_loads_and_runs_without_the_training_code(exports, waveforms, tmp_path):
+    checkpoint, exported_file, _ = exports("mel")
+    audio, lengths = waveforms(1.4, 0.3, 0.9, seed=3)
+    torch.save((audio, lengths), tmp_path / "batch.pt")
+    result = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_TRAINING_CODE, str(exported_file),
+                             str(tmp_path / "batch.pt")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = ASRModule.from_checkpoint(checkpoint).transcribe_batch(audio, lengths)
+    assert json.loads(result.stdout.splitlines()[-1]) == expected
+
+
+def test_export_that_disagrees_with_its_checkpoint_fails_and_writes_nothing(exports, char_tokenizer, tmp_path,
+                                                                            monkeypatch):
+    # the graph of another model (other weights) stands for any drift between the export and asr.models
+    _, other_export, _ = exports("mel")
+    with open(other_export, "rb") as f:
+        other_program = torch.export.load(f)
+    monkeypatch.setattr(export, "export_program", lambda model, sample_rate: other_program)
+    write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, seed=1)
+    refused = "^python -m asr.export: error: .*not written, the export disagrees with .*m.ckpt: parity FAILED"
+    with pytest.raises(SystemExit, match=refused):
+        export.main([str(tmp_path / "m.ckpt"), str(tmp_path / "m.pt2")])
+    assert not list(tmp_path.glob("m.pt2*"))
+
+
+def test_files_that_are_not_exports_are_told_apart(char_tokenizer, tmp_path):
+    (tmp_path / "text.pt2").write_text("hello")
+    assert not export.is_exported(tmp_path / "text.pt2") and not export.is_exported(tmp_path / "missing.pt2")
+    with pytest.raises(ValueError, match="text.pt2 is not a file written by python -m asr.export"):
+        export.load(tmp_path / "text.pt2")
+
+
+def test_a_file_whose_weights_would_be_unpickled_is_refused(exports, tmp_path):
+    _, exported_file, _ = exports("mel")
+    crafted = tmp_path / "crafted.pt2"
+    with zipfile.ZipFile(exported_file) as source, zipfile.ZipFile(crafted, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith("model_weights_config.json"):  # what a pickled payload looks like
+                data = data.replace(b'"use_pickle": false', b'"use_pickle": true', 1)
+            target.writestr(item, data)
+    with pytest.raises(ValueError, match="crafted.pt2: .* would be unpickled"):
+        export.load(crafted)
+
+
+def test_asr_transcribe_runs_the_exported_file_as_the_checkpoint(exports, write_audio):
+    from asr.inference.transcribe import Transcriber
+
+    checkpoint, exported_file, _ = exports("mel")
+    files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.2, 0.4, 2.1))]
+    from_export = Transcriber.from_checkpoint(exported_file)
+    assert isinstance(from_export.model, export.ExportedModel)
+    assert from_export.transcribe(files) == Transcriber.from_checkpoint(checkpoint).transcribe(files)

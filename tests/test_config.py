@@ -17,8 +17,8 @@ import pytest
 import yaml
 from asr.configs import CONFIGS
 from asr.data.module import ASRDataModule
-from asr.train.fit import DEFAULT_CONFIG, Trainer, main
 from asr.models.config import EncoderConfig
+from asr.train.fit import DEFAULT_CONFIG, Trainer, main
 from asr.train.module import ASRModule
 
 SECTIONS = {"model": ASRModule, "data": ASRDataModule, "trainer": Trainer}

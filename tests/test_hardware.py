@@ -13,8 +13,8 @@ import yaml
 from asr.train import cost
 
 from asr import hardware
-from asr.train.fit import ConfigError, Trainer, build, main
 from asr.hardware import choose_precision, cpu_threads, data_workers, resolve_precision
+from asr.train.fit import ConfigError, Trainer, build, main
 
 FAST_BF16 = {"fp32": 180e9, "bf16": 800e9}  # FLOP/s of the earlier sessions' 2-core Xeon (DESIGN.md)
 SLOW_BF16 = {"fp32": 86e9, "bf16": 0.9e9}  # FLOP/s of an AVX2-only EPYC (issue 37)

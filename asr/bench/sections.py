@@ -16,13 +16,13 @@ from itertools import islice
 
 import torch
 
-from asr.train import cost
 from asr.bench.corpus import padding_fraction, random_batches
 from asr.bench.steps import build, fastest, lightning_times, passes, plain_step, plain_times
 from asr.data.module import ASRDataModule, Batch
 from asr.hardware import emulates_bf16
-from asr.models.ctc import CTCModel
 from asr.inference.transcribe import Transcriber
+from asr.models.ctc import CTCModel
+from asr.train import cost
 
 PRECISIONS = ("32-true", "bf16-mixed")  # section 2's; each MFU is against the peak of cost.compute_dtype's dtype
 

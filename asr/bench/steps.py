@@ -23,8 +23,8 @@ import pytorch_lightning as pl
 from pytorch_lightning.cli import SaveConfigCallback
 from torch.utils.data import DataLoader
 
-from asr.train import fit
 from asr.data.module import Batch
+from asr.train import fit
 from asr.train.module import ASRModule
 
 BENCH_TRAINER = ("--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",

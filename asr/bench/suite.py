@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from asr.train import cost
 from asr.bench.corpus import write_corpus, write_tokenizer
+from asr.train import cost
 from asr.bench.sections import (PRECISIONS, Settings, measure_batching, measure_data_wait, measure_features,
                                 measure_inference, measure_loop, measure_peaks, measure_training, training_batches)
 from asr.atomic import write_atomically

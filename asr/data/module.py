@@ -19,19 +19,19 @@ import torch
 from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
+from asr.audio import AudioError, FeatureConfig, resample
 from asr.data import manifest as mf
-from asr.audio import AudioError, FeatureConfig, check_finite, load_audio, resample
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.batch import Batch, collate
 from asr.data.faults import DataFaults
-from asr.settings import plain_settings
+from asr.data.sampler import BucketBatchSampler, ResumableLoader, split_item
+from asr.data.sources import ManifestSource, Source, source_for
 from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import encoder_frames
-from asr.train.resilience import end_data_workers_at_exit, init_data_worker
-from asr.data.sampler import BucketBatchSampler, ResumableLoader, split_item
-from asr.data.sources import ManifestSource, Source, source_for
+from asr.settings import plain_settings
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
+from asr.train.resilience import end_data_workers_at_exit, init_data_worker
 
 
 BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and file dropped, FILE:LINE: reason

@@ -14,9 +14,9 @@ from typing import Protocol
 
 import torch
 
+from asr.tokenizer import Tokenizer
 from asr.tools import export
 from asr.train.module import ASRModule
-from asr.tokenizer import Tokenizer
 
 
 class CheckpointError(ValueError):

@@ -37,9 +37,9 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from asr.atomic import write_atomically
-from asr.train.fit import CONFIGS
 from asr.study.analysis import Target, check_window, projections, smoothed, steps_to_converge, stopped_early
 from asr.study.data import draw_subsets, subset_path, tokenizer_path
+from asr.train.fit import CONFIGS
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
 PLAN, BASE = "study.yaml", "base_config.yaml"  # in --out: the study's settings, the trials' shared asr.fit config

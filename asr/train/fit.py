@@ -45,9 +45,9 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from asr.audio import AudioError
 from asr.configs import CONFIGS, resolve_args
+from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
-from asr.data.manifest import ManifestError
 from asr.settings import dotted
 from asr.train.legacy import group_config
 from asr.train.module import ASRModule, NonFiniteLossError

@@ -36,8 +36,8 @@ from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.scoring import score
-from asr.tokenizer import Tokenizer
 from asr.settings import plain_settings
+from asr.tokenizer import Tokenizer
 from asr.train.legacy import as_setting, current_names, group_settings
 from asr.train.objectives import CTC
 

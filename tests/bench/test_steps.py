@@ -7,11 +7,11 @@ import torch
 
 from asr.bench import steps as bench_steps
 
-from asr.train import fit
 from asr.bench.sections import training_batches
-from asr.data.module import Batch
 from asr.configs import CONFIGS
+from asr.data.module import Batch
 from asr.data.sampler import BucketBatchSampler
+from asr.train import fit
 from tests import MINI
 # steps are deterministic
 NO_NOISE = ("--model.encoder.dropout=0", "--model.encoder.attention_dropout=0", "--model.spec_augment=null")

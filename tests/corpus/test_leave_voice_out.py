@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import scripts.corpus.leave_voice_out as lvo
 from asr.data import manifest as mf
+import scripts.corpus.leave_voice_out as lvo
 
 needs_sox = pytest.mark.skipif(not shutil.which("sox"), reason="needs sox (apt-get install sox)")
 VOICES = (("flite", "rms"), ("flite", "awb"), ("espeak-ng", "en-us+m1"))

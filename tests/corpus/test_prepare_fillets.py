@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import soundfile
 
-import scripts.corpus.prepare_fillets as fillets
 from asr.data.manifest import parse_manifest
+import scripts.corpus.prepare_fillets as fillets
 from tests import REPO
 from tests.conftest import sine
 

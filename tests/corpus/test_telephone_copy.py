@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import scripts.corpus.telephone_copy as tc
 from asr.data import manifest as mf
+import scripts.corpus.telephone_copy as tc
 from tests import REPO
 from tests.corpus.test_leave_voice_out import corpus, lines, needs_sox
 

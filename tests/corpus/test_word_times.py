@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-import scripts.corpus.word_times as bench
 from asr.inference.result import Word
+import scripts.corpus.word_times as bench
 
 needs_synths = pytest.mark.skipif(not all(shutil.which(t) for t in ("flite", "espeak-ng", "sox")),
                                   reason="needs flite, espeak-ng and sox")

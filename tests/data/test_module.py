@@ -10,9 +10,9 @@ import soundfile
 import torch
 
 from asr.data.augment import Augmentation
+from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule, Batch
 from asr.data.sampler import split_item
-from asr.data.manifest import ManifestError
 
 
 # ASRDataModule

@@ -10,10 +10,10 @@ import pytest
 import soundfile
 import torch
 
-from asr.data import nonspeech as ns
 from asr.audio import FeatureConfig, FeatureExtractor, loud_frames, normalise
-from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augmenter, pause
 from asr.bench.nonspeech import words_on, write_clips
+from asr.data import nonspeech as ns
+from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augmenter, pause
 from asr.data.module import ASRDataModule
 from asr.train.legacy import BEFORE_THEIR_TIME
 from asr.train.module import ASRModule

@@ -18,8 +18,8 @@ import torch
 
 from asr.bench.nonspeech import write_clips
 from asr.configs import CONFIGS
-from asr.train.fit import main
 from asr.inference.transcribe import Transcriber
+from asr.train.fit import main
 from tests import MINI, REPO
 
 # A small char model: it leaves the all-blank stage within a few hundred steps, so ten quick

@@ -17,10 +17,10 @@ import soundfile
 import torch
 from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
 
+from asr.inference.transcribe import Transcriber
+from asr.tokenizer import Tokenizer
 from asr.tools.convert import convert
 from asr.train.fit import ConfigError, build, check_hardware
-from asr.tokenizer import Tokenizer
-from asr.inference.transcribe import Transcriber
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION
 

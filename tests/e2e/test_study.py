@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from asr.study.run import StudyError, finished, main, read_metrics, steps_done
 from asr.configs import CONFIGS
 from asr.study.analysis import smoothed, steps_to_converge
+from asr.study.run import StudyError, finished, main, read_metrics, steps_done
 from tests import MINI, REPO
 
 PLOTS = ("steps_vs_params.png", "min_val_loss_vs_params.png", "time_vs_params.png")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.tools import build_lm
 from asr.inference.decoding import BeamSearch, CharLM, WordLM, greedy, load_lm, make_decoder
-from asr.train.module import error_counts
 from asr.tokenizer import BLANK_ID
+from asr.tools import build_lm
+from asr.train.module import error_counts
 
 B = BLANK_ID
 VOCAB = 6

@@ -16,14 +16,14 @@ import pytest
 import soundfile
 import torch
 
+from asr.audio import frame_samples
 from asr.data import manifest as mf
 from asr.inference.acoustic import load_model
 from asr.inference.decoding import greedy
-from asr.audio import frame_samples
 from asr.inference.longform import blank_cut, chunk_starts, segments, stitched
 from asr.inference.result import hops_per_frame, loudness
-from asr.tokenizer import BLANK_ID
 from asr.inference.transcribe import Transcriber
+from asr.tokenizer import BLANK_ID
 from tests.conftest import TEXTS
 from tests.tones import RATE, ToneModel, tones
 

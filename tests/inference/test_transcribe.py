@@ -15,8 +15,8 @@ import pytest
 import soundfile
 import torch
 
-from asr.tokenizer import BLANK_ID
 from asr.inference.transcribe import Transcriber
+from asr.tokenizer import BLANK_ID
 from asr.transcribe import main
 from tests.tones import ToneModel
 

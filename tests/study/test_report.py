@@ -11,9 +11,9 @@ from importlib.util import find_spec
 
 import pytest
 
-from asr.study.run import Study
 from asr.study.analysis import Target, projections
 from asr.study.report import COLUMNS, write_report
+from asr.study.run import Study
 
 PLOTS = ("steps_vs_params.png", "min_val_loss_vs_params.png", "time_vs_params.png")
 

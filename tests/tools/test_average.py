@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from asr.models.config import EncoderConfig
+from asr.tokenizer import Tokenizer
 from asr.tools.average import AverageError, average, main
 from asr.train.module import ASRModule
-from asr.tokenizer import Tokenizer
 from tests.conftest import save_checkpoint
 
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from asr.audio import FeatureConfig
+from asr.inference.decoding import greedy
 from asr.models.config import EncoderConfig
 from asr.tools import export
-from asr.inference.decoding import greedy
 from asr.train.module import ASRModule
 from tests.conftest import save_checkpoint
 

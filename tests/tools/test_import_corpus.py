@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import soundfile
 
-import asr.tools.import_corpus as importer
 from asr.data.manifest import parse_manifest
+import asr.tools.import_corpus as importer
 from tests import REPO
 from tests.conftest import sine
 

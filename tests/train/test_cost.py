@@ -12,13 +12,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from asr.train import cost
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
-from asr.train.module import ASRModule
 from asr.tokenizer import Tokenizer
+from asr.train import cost
+from asr.train.module import ASRModule
 
 
 def tiny(sample_rate: int = 16000, conv_channels: int = 0, attention_window: int = 0, **block) -> CTCModel:

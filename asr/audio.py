@@ -152,11 +152,6 @@ class FeatureConfig:
         if self.stats_db < 0:
             raise ValueError(f"model.features.stats_db must be >= 0 dB (0 = every frame), got {self.stats_db}")
 
-    @staticmethod
-    def preset(sample_rate: int, kind: FeatureKind = "auto", **settings) -> "FeatureConfig":
-        """The front end for ``sample_rate``: ``FeatureConfig(sample_rate, kind, **settings)``."""
-        return FeatureConfig(sample_rate, kind, **settings)
-
     @property
     def mel(self) -> bool:
         """Log-mel features ("auto": above 8 kHz), else log linear ones."""

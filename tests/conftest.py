@@ -121,7 +121,7 @@ def make_model(sample_rate: int = 16000, subsampling: int = 4, checkpoint_every:
                vocab_size: int = 12, seed: int = 0, attention_window: int = 0, block: str = "transformer",
                conv_norm: str = "layer", n_layers: int = 2) -> CTCModel:
     """A ~40k-parameter CTCModel (d_model 32, n_layers blocks, 4 heads; conformer: kernel 5), weights fixed by ``seed``."""
-    features = FeatureConfig.preset(sample_rate, var_floor=0.0)
+    features = FeatureConfig(sample_rate, var_floor=0.0)
     cfg = EncoderConfig(d_model=32, n_heads=4, n_layers=n_layers, ff_mult=2, dropout=dropout, subsampling=subsampling,
                         attention_window=attention_window, block=block, conv_kernel=5, conv_norm=conv_norm)
     torch.manual_seed(seed)

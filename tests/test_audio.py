@@ -10,7 +10,7 @@ from asr.audio import (AudioError, FeatureConfig, FeatureExtractor, SpecAugment,
 
 def features(sample_rate: int, kind: str = "auto", norm: str = "bin") -> FeatureExtractor:
     """The front end without a variance floor: features of unit variance, whatever their level."""
-    return FeatureExtractor(FeatureConfig.preset(sample_rate, kind, norm=norm, var_floor=0.0))
+    return FeatureExtractor(FeatureConfig(sample_rate, kind, norm=norm, var_floor=0.0))
 
 
 def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
@@ -102,11 +102,11 @@ def test_16khz_linear_gives_161_bins():
 
 def test_unknown_feature_kind_or_no_mel_filter_is_refused():
     with pytest.raises(ValueError, match="'mfcc'"):
-        FeatureConfig.preset(16000, "mfcc")
+        FeatureConfig(16000, "mfcc")
     with pytest.raises(ValueError, match="n_mels must be >= 1, got 0"):
-        FeatureConfig.preset(16000, "mel", n_mels=0)
+        FeatureConfig(16000, "mel", n_mels=0)
     with pytest.raises(ValueError, match="'global'"):
-        FeatureConfig.preset(16000, norm="global")
+        FeatureConfig(16000, norm="global")
 
 
 @pytest.mark.parametrize("sample_rate", [8000, 16000])
@@ -186,7 +186,7 @@ def test_shared_normalisation_keeps_an_empty_band_flat_where_per_bin_blows_it_up
     bursts = (torch.arange(2 * rate) * 2.5 / rate).floor() % 2 == 0  # 0.2 s on, 0.2 s off
     line = 0.1 * torch.randn(2 * rate, generator=generator) * bursts + 1e-3 * torch.randn(2 * rate, generator=generator)
     wide = resample(resample(line[None], rate, 8000), 8000, 16000)
-    hz = FeatureConfig.preset(16000).bin_hz()
+    hz = FeatureConfig(16000).bin_hz()
     band, top = hz < 3400, hz > 6500
     for norm, low, high in (("bin", 0.99, 1.01), ("shared", 0.0, 0.3)):
         feats, _ = features(16000, norm=norm)(wide, torch.tensor([wide.shape[1]]))
@@ -227,18 +227,18 @@ def test_spec_augment_draws_different_masks_for_each_utterance():
 
 
 def test_bin_hz_are_the_centres_of_the_mel_filters_and_the_linear_bins():
-    mel = FeatureConfig.preset(16000)
+    mel = FeatureConfig(16000)
     fbanks = FeatureExtractor(mel).fbanks  # (bins, mels)
     bins = torch.linspace(0, 8000, fbanks.shape[0])
     centroids = bins @ fbanks / fbanks.sum(0)  # each filter's centre of mass
     torch.testing.assert_close(mel.bin_hz(), centroids, atol=25.0, rtol=0.0)  # 40 Hz bin spacing
-    linear = FeatureConfig.preset(8000)
+    linear = FeatureConfig(8000)
     torch.testing.assert_close(linear.bin_hz(), torch.arange(81) * 4000.0 / 80)
 
 
 @pytest.mark.parametrize("sample_rate", [16000, 8000])
 def test_freq_warp_moves_a_formant_by_the_drawn_factor_and_keeps_the_top_bin(sample_rate):
-    cfg = FeatureConfig.preset(sample_rate)
+    cfg = FeatureConfig(sample_rate)
     hz = cfg.bin_hz()
     formant = torch.exp(-(((hz - 1000.0) / 150.0) ** 2))  # (F,) a peak at 1 kHz
     feats = formant.expand(3, 20, -1) + torch.linspace(0, 1, 20)[None, :, None]  # rising level over time
@@ -254,7 +254,7 @@ def test_freq_warp_moves_a_formant_by_the_drawn_factor_and_keeps_the_top_bin(sam
 @pytest.mark.parametrize("sample_rate", [16000, 8000])
 @pytest.mark.parametrize("factor", [0.7, 0.9, 1.1, 1.4])
 def test_freq_warp_reads_f_over_a_below_the_knee_then_a_line_to_the_top_bin(sample_rate, factor):
-    hz = FeatureConfig.preset(sample_rate).bin_hz()
+    hz = FeatureConfig(sample_rate).bin_hz()
     augment = SpecAugment(SpecAugmentConfig(freq_warp=0.45), bin_hz=hz)
     ramp = hz.expand(1, 1, -1)  # features equal to their own bin's Hz: the warp returns each bin's source Hz
     source = augment.warp(ramp, torch.tensor([factor]))[0, 0]
@@ -270,7 +270,7 @@ def test_freq_warp_reads_f_over_a_below_the_knee_then_a_line_to_the_top_bin(samp
 
 @pytest.mark.parametrize("sample_rate", [16000, 8000])
 def test_freq_warp_jitter_puts_each_formant_knot_where_its_own_factor_says(sample_rate):
-    hz = FeatureConfig.preset(sample_rate).bin_hz()
+    hz = FeatureConfig(sample_rate).bin_hz()
     augment = SpecAugment(SpecAugmentConfig(freq_warp=0.1, freq_warp_jitter=0.2), bin_hz=hz)
     knots = augment.jitter_knots
     assert knots.tolist() == [400.0, 1000.0, 2000.0, 3500.0][:len(knots)] and len(knots) >= 3
@@ -288,7 +288,7 @@ def test_freq_warp_jitter_puts_each_formant_knot_where_its_own_factor_says(sampl
 
 
 def test_freq_warp_jitter_moves_two_formants_apart():
-    hz = FeatureConfig.preset(16000).bin_hz()
+    hz = FeatureConfig(16000).bin_hz()
     formants = torch.exp(-(((hz - 500.0) / 60.0) ** 2)) + torch.exp(-(((hz - 2500.0) / 200.0) ** 2))
     low, high = hz < 1500, hz >= 1500
     augment = SpecAugment(SpecAugmentConfig(freq_warp_jitter=0.2), bin_hz=hz)
@@ -299,7 +299,7 @@ def test_freq_warp_jitter_moves_two_formants_apart():
 
 
 def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval():
-    cfg = FeatureConfig.preset(16000)
+    cfg = FeatureConfig(16000)
     feats = torch.randn(1, 50, cfg.n_feats).expand(4, -1, -1)  # one utterance four times
     augment = SpecAugment(SpecAugmentConfig(0, 15, 0, 0.05, freq_warp=0.1), bin_hz=cfg.bin_hz())
     out = augment.train()(feats.clone())

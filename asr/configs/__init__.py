@@ -22,12 +22,13 @@ def resolve(path: str) -> str:
     return str(shipped) if shipped is not None and shipped.is_file() else path
 
 
-def resolve_args(args: list[str]) -> list[str]:
-    """Command-line ``args`` with each ``--config``/``-c`` value resolved (``resolve``)."""
-    out = list(args)
+def map_configs(args: list[str], change) -> tuple[list[str], int]:
+    """Command-line ``args`` with each ``--config``/``-c`` value (``--config=V`` too) replaced by ``change(value)``,
+    and how many there were."""
+    out, count = list(args), 0
     for i, arg in enumerate(out):
         if arg in ("-c", "--config") and i + 1 < len(out):
-            out[i + 1] = resolve(out[i + 1])
+            out[i + 1], count = change(out[i + 1]), count + 1
         elif arg.startswith("--config="):
-            out[i] = "--config=" + resolve(arg.split("=", 1)[1])
-    return out
+            out[i], count = "--config=" + change(arg.split("=", 1)[1]), count + 1
+    return out, count

@@ -19,7 +19,6 @@ from torch import nn
 from asr.audio import HOP_SECONDS, FeatureConfig, FeatureExtractor, SpecAugment, num_frames
 from asr.models.config import EncoderConfig
 from asr.models.encoder import build_encoder
-from asr.models.subsampling import encoder_frames
 
 
 class CTCModel(nn.Module):
@@ -79,5 +78,3 @@ class CTCModel(nn.Module):
         flops, t = self.encoder.flops(num_frames(num_samples.long(), self.sample_rate))
         return flops + 2 * t * self.head.in_features * self.head.out_features
 
-
-__all__ = ["CTCModel", "EncoderConfig", "encoder_frames"]

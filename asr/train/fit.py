@@ -44,7 +44,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from asr.audio import AudioError
-from asr.configs import CONFIGS, resolve_args
+from asr.configs import CONFIGS, map_configs, resolve
 from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
@@ -259,10 +259,8 @@ def nothing_left(trainer: pl.Trainer, reached: dict) -> str | None:
 def build(args: list[str] | None = None) -> ASRCLI:
     """Parse ``args`` (default: the command line) and build model, data and trainer: the --config files on the
     signature defaults (and TRAINER_DEFAULTS), or, with no --config, the demo recipe (DEFAULT_CONFIG)."""
-    given = resolve_args(sys.argv[1:] if args is None else args)
-    check_config_files(given)
-    given = upgrade_configs(given)
-    if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given):
+    given, configs = map_configs(sys.argv[1:] if args is None else args, read_config)
+    if not configs:
         given = ["--config", str(DEFAULT_CONFIG), *given]  # no config named: the demo recipe
     if args is None:  # from the command line: LightningCLI warns when given args beside sys.argv
         sys.argv[1:], given = given, None
@@ -279,36 +277,27 @@ def build(args: list[str] | None = None) -> ASRCLI:
     )
 
 
-def check_config_files(args: list[str]) -> None:
-    """Each --config file exists and is YAML, or ConfigError naming it and the line (jsonargparse's own
-    message names neither)."""
-    paths = [b for a, b in zip(args, args[1:]) if a in ("-c", "--config")]
-    paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
-    for path in paths:
-        if not Path(path).is_file():
-            if ":" in path:  # jsonargparse also takes the YAML itself
-                continue
-            raise ConfigError(f"--config {path}: no such file")
-        try:
-            yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from err
-
-
-def upgrade_configs(args: list[str]) -> list[str]:
-    """``args`` with each --config file of the flat settings before they were grouped (a run's config.yaml from
-    then) given as its grouped YAML instead (asr.train.legacy.group_config), said once per file."""
-    upgraded = list(args)
-    for i, arg in enumerate(args[:-1]):
-        if arg in ("-c", "--config") and Path(args[i + 1]).is_file():
-            grouped = group_config(yaml.safe_load(Path(args[i + 1]).read_text()) or {})
-            if grouped is not None:
-                rank_zero_info(f"--config {args[i + 1]}: flat settings of an older asr, read as grouped ones "
-                               "(model.encoder.*, model.features.*, model.spec_augment.*, data.augmentation.*)")
-                upgraded[i + 1] = yaml.safe_dump(grouped, sort_keys=False)
-    return upgraded
+def read_config(path: str) -> str:
+    """A --config value as jsonargparse is to read it: the shipped file it names (asr.configs.resolve); an older
+    run's config.yaml of flat settings as its grouped YAML (asr.train.legacy.group_config, said once); a file
+    that is missing or not YAML a ConfigError naming it and the line (jsonargparse's own message names neither)."""
+    path = resolve(path)
+    if not Path(path).is_file():
+        if ":" in path:  # jsonargparse also takes the YAML itself
+            return path
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        content = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from err
+    grouped = group_config(content) if isinstance(content, dict) else None
+    if grouped is None:
+        return path
+    rank_zero_info(f"--config {path}: flat settings of an older asr, read as grouped ones "
+                   "(model.encoder.*, model.features.*, model.spec_augment.*, data.augmentation.*)")
+    return yaml.safe_dump(grouped, sort_keys=False)
 
 
 def resolve_ckpt_path(cli: ASRCLI) -> str | None:

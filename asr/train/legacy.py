@@ -21,8 +21,7 @@ RENAMED = {"features": ("features", "kind"), "feature_norm": ("features", "norm"
 # Settings added with a default other than the behaviour before them: what a checkpoint without them ran with.
 BEFORE_THEIR_TIME = {("features", "var_floor"): 0.0}
 # old state_dict prefix -> new
-MOVED_WEIGHTS = {"model.subsampling.": "model.encoder.subsampling.", "model.blocks.": "model.encoder.blocks.",
-                 "subsampling.": "encoder.subsampling.", "blocks.": "encoder.blocks."}
+MOVED_WEIGHTS = {"model.subsampling.": "model.encoder.subsampling.", "model.blocks.": "model.encoder.blocks."}
 
 
 def flat_names() -> dict[str, tuple[str, str]]:
@@ -31,22 +30,30 @@ def flat_names() -> dict[str, tuple[str, str]]:
     return names | RENAMED
 
 
-def group_settings(hyper_parameters: dict) -> dict:
-    """Hyper-parameters in either form -> the grouped form: ``{"encoder": {"d_model": 96, ...}, ...}``."""
-    if any(isinstance(hyper_parameters.get(group), dict) for group in ("features", "encoder")):
-        return dict(hyper_parameters)  # already grouped
-    grouped: dict = {group: {} for group in GROUPS}
-    names = flat_names()
-    for name, value in hyper_parameters.items():
+def regroup(flat: dict) -> dict:
+    """Settings named the old, flat way (a model section or hyper-parameters) -> grouped: ``{"encoder":
+    {"d_model": 96, ...}, ...}``; a group none of them names is left out, ``spec_augment: false`` becomes None."""
+    grouped, names = {}, flat_names()
+    for name, value in flat.items():
         if name in names:
             group, field = names[name]
-            grouped[group][field] = value
+            grouped.setdefault(group, {})[field] = value
         elif name not in GROUPS:
             grouped[name] = value
-    for (group, field), value in BEFORE_THEIR_TIME.items():
-        grouped[group].setdefault(field, value)
-    if hyper_parameters.get("spec_augment") is False:
+    if flat.get("spec_augment") is False:
         grouped["spec_augment"] = None
+    return grouped
+
+
+def group_settings(hyper_parameters: dict) -> dict:
+    """A checkpoint's hyper-parameters in either form -> the grouped form. One written before the grouping also
+    gets BEFORE_THEIR_TIME: what that run had for settings added since."""
+    if any(isinstance(hyper_parameters.get(group), dict) for group in ("features", "encoder")):
+        return dict(hyper_parameters)  # written grouped
+    grouped = regroup(hyper_parameters)
+    for (group, field), value in BEFORE_THEIR_TIME.items():
+        if grouped.get(group, {}) is not None:
+            grouped.setdefault(group, {}).setdefault(field, value)
     return grouped
 
 
@@ -58,12 +65,12 @@ def as_setting(annotation, value):
     if cls is None:
         return value
     known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items() if k in known})
+    return cls(**{k: v for k, v in value.items() if k in known})
 
 
 def current_names(state_dict: dict) -> dict:
     """A state_dict with the weights' names of today's model (MOVED_WEIGHTS applied where they are old)."""
-    if any(key.startswith(("model.encoder.", "encoder.")) for key in state_dict):
+    if any(key.startswith("model.encoder.") for key in state_dict):
         return state_dict
     renamed = {}
     for key, value in state_dict.items():
@@ -73,27 +80,21 @@ def current_names(state_dict: dict) -> dict:
 
 
 def group_config(config: dict) -> dict | None:
-    """A config file's content (config.yaml of a run, or a recipe) in the grouped form, or None if it needs no
-    change: the model section as ``group_settings``, the data section's augmentation settings under
-    ``data.augmentation``."""
+    """A config file's content (config.yaml of a run, or a recipe) in the grouped form, or None if it names no
+    setting the old way: the model section ``regroup``ed (the linked sample_rate left out, as the parser links
+    it), the data section's augmentation settings under ``data.augmentation``."""
     from asr.data.augment import Augmentation  # only configs need it
 
     model, data = config.get("model") or {}, config.get("data") or {}
-    flat_model = set(model) & (set(flat_names()) - set(GROUPS)) or (model.get("features") is not None
-                                                                       and not isinstance(model["features"], dict))
+    names = flat_names()
+    flat_model = any(name in names and not isinstance(value, dict) for name, value in model.items())
     augmentation = {f.name for f in dataclasses.fields(Augmentation)} & set(data)
     if not flat_model and not augmentation:
         return None
     grouped = dict(config)
     if flat_model:
-        grouped["model"] = {k: v for k, v in group_settings(model).items() if v != {} and k != "sample_rate"}
-        if "spec_augment" in grouped["model"] and grouped["model"]["spec_augment"] is True:
-            del grouped["model"]["spec_augment"]
-        features = grouped["model"].get("features")
-        if isinstance(features, dict):
-            features.pop("sample_rate", None)
-        if "feature_var_floor" not in model and isinstance(features, dict):
-            features.pop("var_floor", None)  # a config that did not say keeps today's default, as the run did then
+        grouped["model"] = regroup(model)
+        grouped["model"].get("features", {}).pop("sample_rate", None)
     if augmentation:
         grouped["data"] = {k: v for k, v in data.items() if k not in augmentation}
         grouped["data"]["augmentation"] = {k: data[k] for k in sorted(augmentation)}

@@ -68,7 +68,7 @@ def test_an_unknown_kind_is_refused_by_name():
 
 
 def features(wave: torch.Tensor, floor: float) -> torch.Tensor:
-    config = FeatureConfig.preset(RATE, norm="shared", var_floor=floor)
+    config = FeatureConfig(RATE, norm="shared", var_floor=floor)
     return FeatureExtractor(config)(wave[None], torch.tensor([wave.shape[0]]))[0][0]
 
 
@@ -122,11 +122,11 @@ def test_silence_around_speech_does_not_change_how_the_speech_is_scaled(kind, pa
     speech = speech_like(2.0)
     pad = ns.clip(kind, pad_seconds, RATE, seeded())
     padded = torch.cat([pad, speech, pad])
-    hop = FeatureConfig.preset(RATE).hop_length
+    hop = FeatureConfig(RATE).hop_length
     first = len(pad) // hop + 2  # the first frame wholly inside the speech
 
     def speech_frames(wave, range_db, offset):
-        config = FeatureConfig.preset(RATE, norm="shared", var_floor=FEATURE_VAR_FLOOR, stats_db=range_db)
+        config = FeatureConfig(RATE, norm="shared", var_floor=FEATURE_VAR_FLOOR, stats_db=range_db)
         feats = FeatureExtractor(config)(wave[None], torch.tensor([len(wave)]))[0][0]
         return feats[offset: offset + 150]
 

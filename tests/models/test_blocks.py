@@ -132,4 +132,4 @@ def test_conformer_batch_norm_statistics_ignore_padded_frames():
 ])
 def test_bad_block_settings_are_refused_by_name(overrides, message):
     with pytest.raises(ValueError, match=message):
-        CTCModel(FeatureConfig.preset(16000), encoder(**overrides), 12)
+        CTCModel(FeatureConfig(16000), encoder(**overrides), 12)

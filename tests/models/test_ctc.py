@@ -136,28 +136,28 @@ def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(tiny_model
 
 def test_d_model_not_divisible_by_n_heads_is_refused():
     with pytest.raises(ValueError, match=r"model\.encoder\.d_model.*model\.encoder\.n_heads"):
-        CTCModel(FeatureConfig.preset(16000), encoder(d_model=30), 12)
+        CTCModel(FeatureConfig(16000), encoder(d_model=30), 12)
 
 
 def test_subsampling_other_than_4_or_8_is_refused():
     with pytest.raises(ValueError, match=r"model\.encoder\.subsampling.*3"):
-        CTCModel(FeatureConfig.preset(16000), encoder(subsampling=3), 12)
+        CTCModel(FeatureConfig(16000), encoder(subsampling=3), 12)
 
 
 @pytest.mark.parametrize("sample_rate, n_feats", [(8000, 81), (16000, 80)])
 def test_the_encoder_takes_the_feature_count_of_the_front_end(sample_rate, n_feats):
     """The encoder's settings name no feature count: it is the front end's, so the two cannot disagree."""
-    model = CTCModel(FeatureConfig.preset(sample_rate), encoder(), 12)
+    model = CTCModel(FeatureConfig(sample_rate), encoder(), 12)
     assert model.features.config.n_feats == model.encoder.subsampling.n_feats == n_feats
 
 
 def test_negative_checkpoint_every_is_refused():
     with pytest.raises(ValueError, match="model.checkpoint_every"):
-        CTCModel(FeatureConfig.preset(16000), encoder(), 12, checkpoint_every=-1)
+        CTCModel(FeatureConfig(16000), encoder(), 12, checkpoint_every=-1)
 
 
 def test_conv_channels_narrow_the_subsampling_maps_but_not_the_model_width(waveforms):
-    features = FeatureConfig.preset(16000)
+    features = FeatureConfig(16000)
     cfg = EncoderConfig(d_model=32, n_heads=4, n_layers=1, conv_channels=8)
     model = CTCModel(features, cfg, 12).eval()
     assert [m.out_channels for m in model.encoder.subsampling.conv if hasattr(m, "out_channels")] == [8, 8]

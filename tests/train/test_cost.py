@@ -22,7 +22,7 @@ from asr.train.module import ASRModule
 
 
 def tiny(sample_rate: int = 16000, conv_channels: int = 0, attention_window: int = 0, **block) -> CTCModel:
-    features = FeatureConfig.preset(sample_rate)
+    features = FeatureConfig(sample_rate)
     cfg = EncoderConfig(d_model=8, n_heads=2, n_layers=2, ff_mult=2, conv_channels=conv_channels,
                         attention_window=attention_window, **block)
     return CTCModel(features, cfg, vocab_size=5).eval()

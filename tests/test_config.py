@@ -150,3 +150,17 @@ def test_the_default_run_trains_conformer_tiny():
     """configs/model/conformer-tiny.yaml says it is the default run's model: stacking it changes nothing."""
     tiny = CONFIGS / "model" / "conformer-tiny.yaml"
     assert resolved_model("--config", str(DEFAULT_CONFIG), "--config", str(tiny)) == resolved_model()
+
+
+def test_a_config_named_as_the_docs_write_it_resolves_to_the_shipped_file_from_any_folder(tmp_path, monkeypatch):
+    from asr.configs import map_configs, resolve
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here: an installed asr run from elsewhere
+    shipped = str(CONFIGS / "recipes" / "demo.yaml")
+    assert resolve("configs/recipes/demo.yaml") == resolve("recipes/demo.yaml") == shipped
+    assert resolve("configs/recipes/none.yaml") == "configs/recipes/none.yaml"  # left for asr.fit to refuse
+    (tmp_path / "configs" / "recipes").mkdir(parents=True)
+    (tmp_path / "configs" / "recipes" / "demo.yaml").write_text("trainer: {}\n")
+    assert resolve("configs/recipes/demo.yaml") == "configs/recipes/demo.yaml"  # a file of the user's comes first
+    args, count = map_configs(["-c", "a", "--x", "1", "--config=b", "--config", "c"], str.upper)
+    assert args == ["-c", "A", "--x", "1", "--config=B", "--config", "C"] and count == 3

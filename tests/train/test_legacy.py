@@ -48,3 +48,13 @@ def test_a_config_yaml_of_flat_settings_trains_with_the_same_settings(tmp_path):
     assert cli.datamodule.augmentation.noise_prob == 0.1
     assert cli.model.model.features.config.var_floor == flat["model"]["feature_var_floor"]
     assert group_config(yaml.safe_load(yaml.safe_dump(cli.config.as_dict()))) is None  # what it resolves to is grouped
+
+
+def test_old_module_names_of_saved_class_paths_import_the_moved_modules():
+    import asr.cost
+    import asr.resilience
+    import asr.train.cost
+    import asr.train.resilience
+
+    assert asr.resilience is asr.train.resilience and asr.cost is asr.train.cost
+    assert asr.resilience.AtomicCheckpointIO is asr.train.resilience.AtomicCheckpointIO

@@ -28,3 +28,7 @@ def dotted(settings: dict) -> dict:
         else:
             flat[name] = value
     return flat
+
+
+class ConfigError(ValueError):
+    """A run this machine cannot do, or a setting that cannot work; one sentence that names the setting."""

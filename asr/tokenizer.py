@@ -15,6 +15,7 @@ The serialized sentencepiece model (bytes) travels inside every checkpoint
 from __future__ import annotations
 
 import io
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -65,8 +66,22 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
-        """Read a ``.model`` file written by ``save`` (or by sentencepiece with the same contract)."""
-        return cls(Path(path).read_bytes())
+        """Read a ``.model`` file written by ``save`` (or by sentencepiece with the same contract), or the
+        tokenizer inside a checkpoint of asr (a ``.ckpt`` file, or a sharded checkpoint folder)."""
+        path = Path(path)
+        if path.is_dir() or zipfile.is_zipfile(path):  # torch.save writes zip files; .model files are protobuf
+            import torch  # (only here: a tokenizer alone needs no torch)
+
+            from asr.tools.convert import METADATA
+
+            if path.is_dir() and not (path / METADATA).is_file():
+                raise ValueError(f"{path} is a folder with no {METADATA}")
+            checkpoint = torch.load(path / METADATA if path.is_dir() else path, map_location="cpu",
+                                    weights_only=True, mmap=True)
+            if "tokenizer" not in checkpoint:
+                raise ValueError(f"{path} is a checkpoint with no tokenizer inside: it was not written by asr.fit")
+            return cls(checkpoint["tokenizer"])
+        return cls(path.read_bytes())
 
     def save(self, path: str | Path) -> None:
         Path(path).write_bytes(self.serialized)

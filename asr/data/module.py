@@ -185,7 +185,8 @@ class ASRDataModule(pl.LightningDataModule):
             test_manifest: manifest for ``trainer.test`` after fitting; null for none.
             sample_rate: Hz the model works at; files at other rates are resampled on loading.
             resample: "resample" files at another rate (said once, with the count) or make them an "error".
-            tokenizer_model: a sentencepiece .model to use; null trains one on the training text.
+            tokenizer_model: a sentencepiece .model to use, or a checkpoint of asr whose tokenizer to use
+                (with model.init_from: keeps its CTC head whole); null trains one on the training text.
             tokenizer_type: sentencepiece model type when training one: char, unigram or bpe.
             tokenizer_vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
             max_batch_seconds: a batch holds at most this many seconds of padded audio (at its speed_perturb speed, before tempo).
@@ -237,8 +238,7 @@ class ASRDataModule(pl.LightningDataModule):
                 return Tokenizer.load(hp.tokenizer_model)
             except (OSError, RuntimeError, ValueError) as err:  # missing, a folder, not a sentencepiece model
                 reason = "no such file" if isinstance(err, FileNotFoundError) else \
-                    "a folder, not a file" if isinstance(err, IsADirectoryError) else \
-                    f"not a sentencepiece model of asr ({' '.join(str(err).split())[:160]})"
+                    f"not a sentencepiece model or checkpoint of asr ({' '.join(str(err).split())[:160]})"
                 raise ValueError(f"data.tokenizer_model {hp.tokenizer_model}: {reason}") from err
         utterances, _ = self.source("train").parse()
         if not utterances:
@@ -316,7 +316,8 @@ class ASRDataModule(pl.LightningDataModule):
             bounds = f"[data.min_duration, min(data.max_duration, data.max_batch_seconds)] = [{hp.min_duration}, {longest}]"
             return mf.Problem(utt.source, "duration out of bounds", f"{utt.duration:.2f} s is outside {bounds}")
         if UNK_ID in ids:
-            return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer lacks")
+            given = f" (data.tokenizer_model {hp.tokenizer_model}'s)" if hp.tokenizer_model else ""
+            return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer{given} lacks")
         return None
 
     def too_fast(self, utt: mf.Utterance, ids: list[int], speed: float = 1.0) -> mf.Problem | None:

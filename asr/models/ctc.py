@@ -28,6 +28,8 @@ class CTCModel(nn.Module):
     activation checkpointing); 0 turns it off.
     """
 
+    token_rows = ("head.weight", "head.bias")  # the weights with one row per token (a new vocabulary renews them)
+
     def __init__(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
                  spec_augment: SpecAugment | None = None, checkpoint_every: int = 0):
         super().__init__()

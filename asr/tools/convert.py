@@ -31,7 +31,17 @@ def convert(folder: str | Path, output: str | Path) -> Path:
 
     Raises ValueError naming ``folder`` if it has no meta.pt or its shards cannot be read.
     """
-    folder, output = Path(folder), Path(output)
+    checkpoint = merge(folder)
+    with write_atomically(Path(output)) as partial:  # never a half-written checkpoint under the real name
+        torch.save(checkpoint, partial)
+    return Path(output)
+
+
+def merge(folder: str | Path) -> dict:
+    """The sharded checkpoint ``folder`` as the dict a single-file checkpoint holds (weights, optimizer state
+    by parameter index, and meta.pt's keys); ValueError naming ``folder`` if it has no meta.pt or its shards
+    cannot be read."""
+    folder = Path(folder)
     if not (folder / METADATA).is_file():
         raise ValueError(f"{folder} is not a sharded checkpoint folder: it has no {METADATA}")
     checkpoint = torch.load(folder / METADATA, map_location="cpu", weights_only=True)
@@ -45,9 +55,7 @@ def convert(folder: str | Path, output: str | Path) -> Path:
     checkpoint["state_dict"] = merged["state_dict"]
     optimizers = sorted((k for k in merged if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
     checkpoint["optimizer_states"] = [by_parameter_index(merged[k]) for k in optimizers]
-    with write_atomically(output) as partial:  # never a half-written checkpoint under the real name
-        torch.save(checkpoint, partial)
-    return output
+    return checkpoint
 
 
 def by_parameter_index(state: dict) -> dict:

@@ -24,13 +24,11 @@ named by rank and hook.
 
 from __future__ import annotations
 
-import pickle
 import shutil
 import signal
 import sys
 import tempfile
 import warnings
-import zipfile
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
@@ -48,7 +46,8 @@ from asr.configs import CONFIGS, map_configs, resolve
 from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
-from asr.settings import dotted
+from asr.settings import ConfigError
+from asr.train.init_from import initialize, load_file, settings_changed
 from asr.train.legacy import group_config
 from asr.train.module import ASRModule, NonFiniteLossError
 from asr.train.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,
@@ -109,10 +108,6 @@ class ASRCLI(LightningCLI):
         check_hardware(trainer)
 
 
-class ConfigError(ValueError):
-    """A run this machine cannot do; one sentence that names the setting."""
-
-
 def strategy_name(strategy) -> str:
     """'ddp', 'deepspeed_stage_2', or the class path of a strategy given as class_path/init_args."""
     return strategy if isinstance(strategy, str) else getattr(strategy, "class_path", type(strategy).__name__)
@@ -147,16 +142,8 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
 
 
 def read_checkpoint(path: str) -> dict:
-    """A checkpoint file's contents (tensors memory-mapped, no pickled code run); ConfigError naming
-    --ckpt_path and the reason if it is missing or not a whole checkpoint."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise ConfigError(f"--ckpt_path {path}: no such file") from None
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        reason = " ".join(str(err).split()).split(". ")[0][:160] or "empty or cut short"  # torch adds advice
-        raise ConfigError(f"--ckpt_path {path}: not a readable checkpoint of asr.fit ({type(err).__name__}: "
-                          f"{reason}); a copy cut short, or another kind of file?") from err
+    """A checkpoint file's contents (tensors memory-mapped); ConfigError naming --ckpt_path if unreadable."""
+    return load_file(path, "--ckpt_path")
 
 
 def check_resumable(path: str | None, module: ASRModule | None = None) -> dict:
@@ -233,8 +220,7 @@ def same_model(checkpoint: dict, module: ASRModule) -> str:
     if checkpoint.get("tokenizer") is not None and checkpoint["tokenizer"] != module.tokenizer.serialized:
         return (f"its tokenizer is another ({Tokenizer(checkpoint['tokenizer']).vocab_size} pieces, this run's "
                 f"{module.tokenizer.vocab_size}; give the run's own with --data.tokenizer_model)")
-    then, now = (dotted(ASRModule.settings(hp)) for hp in (checkpoint.get("hyper_parameters", {}), dict(module.hparams)))
-    changed = [f"{k} {then.get(k)} -> {now[k]}" for k in now if k != "tokenizer" and then.get(k) != now[k]]
+    changed = settings_changed(checkpoint.get("hyper_parameters", {}), module)
     inputs = [c for c in changed if c.split()[0].split(".")[0] in INPUT_SETTINGS]
     if inputs:
         return "its input features differ (" + ", ".join(inputs) + ")"
@@ -335,6 +321,12 @@ def main(args: list[str] | None = None) -> ASRCLI:
     if done:  # no fit, and no test of weights this run did not train
         cli.trainer.print(f"asr.fit: {done}: nothing to train; raise the limit to continue {ckpt_path}")
         return cli
+    init_from = cli.model.hparams.init_from
+    if init_from and ckpt_path is None:  # weights only: new optimizer and schedule (asr.train.init_from)
+        for line in initialize(cli.model, init_from, cli.model.finetune):
+            cli.trainer.print(line)
+    elif init_from:
+        cli.trainer.print(f"--model.init_from {init_from}: not read, the run resumes with {ckpt_path}'s weights")
     test_manifest = cli.config.test and cli.datamodule.hparams.test_manifest
     if test_manifest:  # a mistyped path is named now, not after training
         cli.datamodule.source("test").parse()

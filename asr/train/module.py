@@ -38,6 +38,7 @@ from asr.models.ctc import CTCModel
 from asr.scoring import score
 from asr.settings import plain_settings
 from asr.tokenizer import Tokenizer
+from asr.train.finetune import FineTune, frozen
 from asr.train.legacy import as_setting, current_names, group_settings
 from asr.train.objectives import CTC
 
@@ -60,6 +61,8 @@ class ASRModule(pl.LightningModule):
         warmup_share: float = 0.3,
         min_lr_ratio: float = 0.05,
         max_consecutive_skips: int = 10,
+        init_from: str | None = None,
+        finetune: FineTune = FineTune(),
     ):
         """
         Args:
@@ -82,6 +85,11 @@ class ASRModule(pl.LightningModule):
                 with --trainer.max_time, when the time runs out if that comes first (WarmupCosine).
             max_consecutive_skips: stop the run when this many updates in a row had a non-finite loss or
                 gradient (each is skipped on every rank); 0 = never stop.
+            init_from: start from this checkpoint's weights (an asr.fit .ckpt, an asr.average output, or a
+                sharded checkpoint folder), with a new optimizer and schedule; asr.train.init_from says what it
+                loaded. A resumed run (--ckpt_path) takes its weights from the checkpoint it resumes instead.
+            finetune: which of init_from's weights to load, and which to hold still for the first steps
+                (asr.train.finetune.FineTune).
         """
         super().__init__()
         if tokenizer is None:
@@ -93,7 +101,7 @@ class ASRModule(pl.LightningModule):
                              f"and {min_lr_ratio:g}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         plain_settings(self)
-        self.tokenizer, self.optimizer_factory = tokenizer, optimizer
+        self.tokenizer, self.optimizer_factory, self.finetune = tokenizer, optimizer, finetune
         self.objective = CTC(inter_ctc)
         bin_hz = features.bin_hz() if spec_augment and spec_augment.warps else None  # only the warp needs it
         augment = SpecAugment(spec_augment, bin_hz) if spec_augment else None
@@ -101,6 +109,9 @@ class ASRModule(pl.LightningModule):
         if inter_ctc and self.model.encoder.middle_block < 0:
             raise ValueError(f"model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got "
                              f"{encoder.n_layers} (with model.inter_ctc {inter_ctc}; model.inter_ctc 0 turns it off)")
+        if finetune.freeze_steps and not frozen(self, finetune.freeze):
+            raise ValueError(f"model.finetune.freeze {', '.join(finetune.freeze)} matches no weight of this model "
+                             "(its weights are named model.encoder.subsampling.*, model.encoder.blocks.<i>.*, ...)")
         self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
         self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
         self.step_clock: torch.Tensor | None = None  # the ranks' mean seconds of training at this update (max_time)
@@ -208,6 +219,11 @@ class ASRModule(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """Log the update's global per-token loss, or, when any rank's loss or gradient has a NaN or Inf,
         skip the update on every rank: gradients are dropped, so weights and optimizer moments stay."""
+        if self.global_step < self.finetune.freeze_steps:
+            for p in frozen(self, self.finetune.freeze):
+                p.grad = None  # held still: AdamW leaves a parameter without a gradient as it is
+        elif self.global_step == self.finetune.freeze_steps > 0:
+            self.print(f"step {self.global_step}: model.finetune.freeze's weights train from now on")
         params = [p for p in self.parameters() if p.grad is not None]
         bad = torch.zeros(1, dtype=torch.float64, device=self.device)
         # 16-mixed: the GradScaler skips overflowing gradients and tunes its scale itself
@@ -281,6 +297,10 @@ class ASRModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
+        if self.finetune.freeze_steps > self.global_step:
+            held = frozen(self, self.finetune.freeze)  # (FSDP2 keeps the names; its shards count locally)
+            self.print(f"model.finetune: {len(held)} tensors ({sum(p.numel() for p in held):,} parameters) of "
+                       f"{', '.join(self.finetune.freeze)} held still until step {self.finetune.freeze_steps}")
         self.schedule.total = max(1, self.trainer.estimated_stepping_batches)
         # --trainer.max_time: Lightning's Timer stops the run; the cosine reaches its floor by then too
         self.timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer) and c.time_remaining()), None)

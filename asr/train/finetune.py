@@ -1,0 +1,58 @@
+"""Fine-tuning settings (``--model.finetune.*``): which of ``--model.init_from``'s weights to load
+(asr.train.init_from) and which weights to hold still for the first steps.
+
+Patterns are shell-style (fnmatch) over the model's weight names: ``model.encoder.subsampling.*`` (the
+convolutions after the features), ``model.encoder.blocks.<i>.*`` (block i, from 0 at the input; ``[0-3]`` for
+the lower four), ``model.norm.*`` and ``model.head.*`` (the CTC head, one row per token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """What ``--model.init_from`` loads, and what stays frozen at first.
+
+    Args:
+        include: patterns of the weights to load from model.init_from ("*": all).
+        exclude: patterns of weights not to load (they keep their fresh initialisation), e.g.
+            "model.encoder.subsampling.*" to learn a new front end for other features.
+        mismatched: a weight whose shape differs from the checkpoint's (other than the CTC head under a new
+            vocabulary, which is always re-initialised): "refuse" stops the run naming every such weight,
+            "reinit" keeps its fresh initialisation and says so.
+        copy_shared_tokens: under a new vocabulary, the CTC head's rows of pieces both tokenizers have (the
+            blank included) are copied from the checkpoint; false re-initialises the whole head.
+        freeze: patterns of the weights held still for the first freeze_steps optimizer steps (their
+            gradients are dropped; batch-norm statistics still follow the new data).
+        freeze_steps: optimizer steps with the freeze patterns' weights held still; 0 = none.
+    """
+
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    mismatched: Literal["refuse", "reinit"] = "refuse"
+    copy_shared_tokens: bool = True
+    freeze: tuple[str, ...] = ("model.encoder.*",)
+    freeze_steps: int = 0
+
+    def __post_init__(self):
+        if self.freeze_steps < 0:
+            raise ValueError(f"model.finetune.freeze_steps must be >= 0, got {self.freeze_steps}")
+
+    def selected(self, name: str) -> bool:
+        """Whether weight ``name`` is to be loaded: an include pattern matches it and no exclude pattern does."""
+        return matches(name, self.include) and not matches(name, self.exclude)
+
+
+def matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def frozen(module: torch.nn.Module, patterns: tuple[str, ...]) -> list[torch.nn.Parameter]:
+    """``module``'s parameters whose names match ``patterns``."""
+    return [p for name, p in module.named_parameters() if matches(name, patterns)]

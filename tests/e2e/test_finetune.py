@@ -1,0 +1,51 @@
+"""Fine-tuning as a user runs it (issue 42): ``python -m asr.fit --model.init_from CKPT`` on data with another
+vocabulary, the encoder frozen for the first steps; tests/train/test_init_from.py covers the loading rules."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from asr.tokenizer import Tokenizer
+from tests.e2e.test_resilience import DETERMINISTIC, SMALL, data, run, versions  # noqa: F401  (data: a fixture)
+
+EVERY_STEP = '--trainer.callbacks+={"class_path": "pytorch_lightning.callbacks.ModelCheckpoint", ' \
+             '"init_args": {"dirpath": "%s", "filename": "{step}", "save_top_k": -1, "every_n_train_steps": 1}}'
+
+
+def fit(*args: str):
+    result = run([sys.executable, "-m", "asr.fit", *SMALL, *DETERMINISTIC, *args])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def encoder_equal(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[name], b[name]) for name in a if name.startswith("model.encoder."))
+
+
+def test_a_run_from_a_checkpoint_with_a_new_vocabulary_holds_the_encoder_still_then_trains_it(data, tmp_path):
+    fit(*data, "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "source"))
+    source = versions(tmp_path / "source")[0] / "checkpoints" / "last.ckpt"
+    steps = tmp_path / "steps"
+    result = fit(*data, "--model.init_from", str(source), "--data.tokenizer_type", "char",
+                 "--model.finetune.freeze_steps", "2", "--trainer.max_steps", "3", EVERY_STEP % steps,
+                 "--trainer.logger.init_args.save_dir", str(tmp_path / "tuned"))
+    said = result.stdout + result.stderr
+    start = weights(source)
+    loaded = len([name for name in start if not name.startswith("model.head.")])
+    assert f"--model.init_from {source}: loaded {loaded} of this model's {len(start)} weights" in said
+    assert "is not the checkpoint's" in said and "the CTC head is re-initialised" in said
+    assert "held still until step 2" in said and "step 2: model.finetune.freeze's weights train from now on" in said
+    after = {int(p.stem.split("=")[1]): weights(p) for p in steps.glob("step=*.ckpt")}
+    assert sorted(after) == [1, 2, 3]
+    assert encoder_equal(after[2], start) and not encoder_equal(after[3], start)
+    assert not torch.equal(after[2]["model.norm.weight"], start["model.norm.weight"])  # the rest trained meanwhile
+    tuned = torch.load(versions(tmp_path / "tuned")[0] / "checkpoints" / "last.ckpt", weights_only=True)
+    pieces = Tokenizer(tuned["tokenizer"]).sp
+    assert all(len(pieces.id_to_piece(i).lstrip("\u2581")) <= 1 for i in range(2, pieces.get_piece_size()))  # char
+    assert tuned["hyper_parameters"]["init_from"] == str(source)

@@ -207,7 +207,8 @@ class FeatureExtractor(nn.Module):
         self.config = config
         self.register_buffer("window", torch.hann_window(config.win_length), persistent=False)
         if config.mel:
-            self.register_buffer("fbanks", config.mel_fbanks(), persistent=False)  # (bins, mels)
+            with torch.device("cpu"):  # torchaudio computes them with .item(): a model built on "meta" gets real ones
+                self.register_buffer("fbanks", config.mel_fbanks(), persistent=False)  # (bins, mels)
         else:
             self.fbanks = None
 

@@ -119,11 +119,12 @@ def encoder(**overrides) -> EncoderConfig:
 
 def make_model(sample_rate: int = 16000, subsampling: int = 4, checkpoint_every: int = 0, dropout: float = 0.0,
                vocab_size: int = 12, seed: int = 0, attention_window: int = 0, block: str = "transformer",
-               conv_norm: str = "layer", n_layers: int = 2) -> CTCModel:
+               conv_norm: str = "layer", n_layers: int = 2, subsampling_conv: str = "full") -> CTCModel:
     """A ~40k-parameter CTCModel (d_model 32, n_layers blocks, 4 heads; conformer: kernel 5), weights fixed by ``seed``."""
     features = FeatureConfig(sample_rate, var_floor=0.0)
     cfg = EncoderConfig(d_model=32, n_heads=4, n_layers=n_layers, ff_mult=2, dropout=dropout, subsampling=subsampling,
-                        attention_window=attention_window, block=block, conv_kernel=5, conv_norm=conv_norm)
+                        attention_window=attention_window, block=block, conv_kernel=5, conv_norm=conv_norm,
+                        subsampling_conv=subsampling_conv)
     torch.manual_seed(seed)
     return CTCModel(features, cfg, vocab_size, checkpoint_every=checkpoint_every)
 

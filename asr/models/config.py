@@ -23,6 +23,8 @@ class EncoderConfig:
         subsampling: feature frames per encoder frame, 4 or 8.
         attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
         conv_channels: channels of the subsampling convolutions; 0 = d_model.
+        subsampling_conv: the subsampling's convolutions after the first: "full" 3x3, or "separable" (depthwise
+            3x3 then pointwise 1x1, FastConformer's; with subsampling 8 and conv_channels 256, the GPU presets').
         block: the block type of the encoder's stack, a key of asr.models.blocks.BLOCKS ("transformer",
             "conformer"), or another encoder's key in asr.models.encoder.ENCODERS.
         conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
@@ -38,6 +40,7 @@ class EncoderConfig:
     subsampling: int = 4
     attention_window: int = 0
     conv_channels: int = 0
+    subsampling_conv: Literal["full", "separable"] = "full"
     block: str = "transformer"
     conv_kernel: int = 31
     conv_norm: Literal["layer", "batch"] = "layer"

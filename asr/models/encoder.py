@@ -70,7 +70,8 @@ class BlockEncoder(nn.Module):
             raise ValueError(f"model.checkpoint_every must be >= 0 (0 = off), got {checkpoint_every}")
         self.cfg, self.checkpoint_every = cfg, checkpoint_every
         self.d_model, self.factor = cfg.d_model, cfg.subsampling
-        self.subsampling = Conv2dSubsampling(n_feats, cfg.d_model, cfg.subsampling, cfg.conv_channels)
+        self.subsampling = Conv2dSubsampling(n_feats, cfg.d_model, cfg.subsampling, cfg.conv_channels,
+                                             cfg.subsampling_conv == "separable")
         self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layers))
         self.absolute_positions = block_type(cfg.block).absolute_positions  # else the blocks encode positions
 

@@ -38,8 +38,9 @@ def epoch_losses(run: Path) -> list[float]:
 @pytest.mark.parametrize("block", BLOCK_TYPES)
 @pytest.mark.parametrize("subsampling", [4, 8])
 @pytest.mark.parametrize("sample_rate", [8000, 16000])
-def test_output_shape_and_lengths_follow_subsampled_lengths(tiny_model, waveforms, sample_rate, subsampling, block):
-    model = tiny_model(sample_rate=sample_rate, subsampling=subsampling, block=block).eval()
+@pytest.mark.parametrize("conv", ["full", "separable"])
+def test_output_shape_and_lengths_follow_subsampled_lengths(tiny_model, waveforms, sample_rate, subsampling, block, conv):
+    model = tiny_model(sample_rate=sample_rate, subsampling=subsampling, block=block, subsampling_conv=conv).eval()
     audio, lengths = waveforms(1.3, 0.7, rate=sample_rate)
     log_probs, out_lengths = model(audio, lengths)
     expected = [subsampled_lengths(num_frames(int(n), sample_rate), subsampling) for n in lengths]
@@ -72,9 +73,9 @@ def test_log_probs_are_fp32_distributions_per_frame(tiny_model, waveforms, autoc
 
 
 @pytest.mark.parametrize("block", BLOCK_TYPES)
-@pytest.mark.parametrize("subsampling, window", [(4, 0), (8, 0), (4, 3)])
-def test_an_utterance_gives_the_same_output_batched_and_alone(tiny_model, waveforms, subsampling, window, block):
-    model = tiny_model(subsampling=subsampling, attention_window=window, block=block).eval()
+@pytest.mark.parametrize("subsampling, window, conv", [(4, 0, "full"), (8, 0, "full"), (4, 3, "full"), (8, 0, "separable")])
+def test_an_utterance_gives_the_same_output_batched_and_alone(tiny_model, waveforms, subsampling, window, conv, block):
+    model = tiny_model(subsampling=subsampling, attention_window=window, block=block, subsampling_conv=conv).eval()
     audio, lengths = waveforms(1.5, 0.8, 1.1)
     with torch.no_grad():
         batch, out_lengths = model(audio, lengths)

@@ -62,7 +62,9 @@ def test_windowed_attention_counts_only_the_keys_a_frame_may_see():
 
 
 @pytest.mark.parametrize("conv_channels, block", [(0, {}), (3, {}), (0, {"block": "conformer", "conv_kernel": 5}),
-                                                   (0, {"block": "conformer", "conv_norm": "batch"})])
+                                                   (0, {"block": "conformer", "conv_norm": "batch"}),
+                                                   (3, {"subsampling_conv": "separable"}),
+                                                   (4, {"subsampling_conv": "separable", "subsampling": 8})])
 def test_forward_flops_agree_with_torch_flop_counter_on_a_padded_batch(conv_channels, block):
     model = tiny(8000, conv_channels, **block)  # linear features: the front end has no matrix product to count
     lengths = torch.tensor([8000, 5000])  # 100 and 62 feature frames

@@ -1,0 +1,89 @@
+"""What each size preset costs to train, computed from its shapes (no GPU needed, nothing timed).
+
+    python -m asr.bench.presets                        # every configs/model/*.yaml on configs/recipes/gpu-100h.yaml
+    python -m asr.bench.presets --mfu 0.3 --gpu "NVIDIA A100-SXM4-80GB"
+
+Per preset: parameters, the model's own forward FLOP count (CTCModel.forward_flops, what CostMonitor's MFU
+uses) per second of audio in utterances of ``--utterance_seconds``, and the GPU-hours of one epoch of 1,000
+hours at ``--mfu`` of the GPU's dense bf16 peak (asr.train.cost.GPU_PEAKS): training counts
+TRAIN_FLOPS_PER_FORWARD x the forward FLOPs. The MFU is an assumption until a run on that GPU measures it
+(its ``cost/mfu``). Models are built on the meta device, so a 1B-parameter preset takes no memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import yaml
+
+from asr.audio import FeatureConfig
+from asr.configs import CONFIGS
+from asr.models.config import EncoderConfig
+from asr.models.ctc import CTCModel
+from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
+
+HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
+
+
+def merged(*files: Path) -> dict:
+    """The YAML files' contents, each stacked on the ones before (nested keys merged, as --config does)."""
+    def merge(a: dict, b: dict) -> dict:
+        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+                        for k, v in b.items()}}
+    result: dict = {}
+    for path in files:
+        result = merge(result, yaml.safe_load(path.read_text()) or {})
+    return result
+
+
+def model_of(recipe: Path, preset: Path) -> CTCModel:
+    """The CTCModel of ``--config RECIPE --config PRESET``, on the meta device."""
+    config = merged(recipe, preset)
+    model, data = config.get("model", {}), config.get("data", {})
+    features = FeatureConfig(data.get("sample_rate", FeatureConfig.sample_rate), **model.get("features", {}))
+    with torch.device("meta"):
+        return CTCModel(features, EncoderConfig(**model.get("encoder", {})), data.get("tokenizer_vocab_size", 64))
+
+
+def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: float) -> str:
+    cfg = model.encoder.cfg
+    parameters = sum(p.numel() for p in model.parameters())
+    samples = round(utterance_seconds * model.sample_rate)
+    per_second = model.forward_flops(torch.tensor([samples])).item() / utterance_seconds
+    front = model.encoder.subsampling.flops(torch.tensor([round(utterance_seconds * 100)]))[0].item() / utterance_seconds
+    hours = TRAIN_FLOPS_PER_FORWARD * per_second * HOURS * 3600 / (peak * mfu) / 3600
+    shape = f"{cfg.block} {cfg.d_model}x{cfg.n_layers}, x{cfg.subsampling} {cfg.subsampling_conv}"
+    return (f"| {name} | {shape} | {parameters / 1e6:,.0f}M | {per_second / 1e9:.2f} | "
+            f"{front / per_second:.0%} | {hours:.2g} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m asr.bench.presets", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default=str(CONFIGS / "recipes" / "gpu-100h.yaml"),
+                        help="the recipe the presets stack on (its features, sample rate and vocabulary)")
+    parser.add_argument("--utterance_seconds", type=float, default=15.0)
+    parser.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="a name as torch.cuda.get_device_name gives it")
+    parser.add_argument("--mfu", type=float, default=0.4, help="assumed share of the GPU's bf16 peak")
+    args = parser.parse_args(argv)
+    peak = gpu_peak_flops(args.gpu, "bf16")
+    if peak is None:
+        parser.error(f"--gpu {args.gpu!r}: no bf16 peak known (asr.train.cost.GPU_PEAKS)")
+    print(f"on {Path(args.recipe).name}, {args.utterance_seconds:g} s utterances; GPU-hours at {args.mfu:.0%} MFU of "
+          f"{args.gpu}'s {peak / 1e12:,.0f} TFLOP/s bf16 (an assumption until measured)\n")
+    print("| preset | encoder | parameters | forward GFLOP per audio-second | of it, subsampling | "
+          f"GPU-hours per {HOURS:,.0f} h epoch |")
+    print("|---|---|---|---|---|---|")
+    presets = sorted((CONFIGS / "model").glob("*.yaml"), key=lambda p: sum(x.numel() for x in
+                     model_of(Path(args.recipe), p).parameters()))
+    for preset in presets:
+        print(row(preset.stem, model_of(Path(args.recipe), preset), args.utterance_seconds, peak, args.mfu))
+
+
+def run() -> None:
+    main()
+
+
+if __name__ == "__main__":
+    run()

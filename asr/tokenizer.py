@@ -72,7 +72,7 @@ class Tokenizer:
         if path.is_dir() or zipfile.is_zipfile(path):  # torch.save writes zip files; .model files are protobuf
             import torch  # (only here: a tokenizer alone needs no torch)
 
-            from asr.tools.convert import METADATA
+            from asr.checkpoint import METADATA
 
             if path.is_dir() and not (path / METADATA).is_file():
                 raise ValueError(f"{path} is a folder with no {METADATA}")

@@ -21,9 +21,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from asr.atomic import write_atomically
+from asr.checkpoint import METADATA
 from asr.tools.average import precious
-
-METADATA = "meta.pt"  # what Lightning writes beside the shards: everything but weights and optimizer state
 
 
 def convert(folder: str | Path, output: str | Path) -> Path:

@@ -42,12 +42,13 @@ from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from asr.audio import AudioError
+from asr.checkpoint import load_file
 from asr.configs import CONFIGS, map_configs, resolve
 from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.settings import ConfigError
-from asr.train.init_from import initialize, load_file, settings_changed
+from asr.train.init_from import initialize, settings_changed
 from asr.train.legacy import group_config
 from asr.train.module import ASRModule, NonFiniteLossError
 from asr.train.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,

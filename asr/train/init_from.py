@@ -14,34 +14,17 @@ The run says each of these in a few lines, and the input features, when they dif
 
 from __future__ import annotations
 
-import pickle
-import zipfile
 from pathlib import Path
 
 import torch
 
+from asr.checkpoint import load_file
 from asr.settings import ConfigError, dotted
 from asr.tokenizer import Tokenizer
 from asr.tools.convert import merge
 from asr.train.finetune import FineTune
 from asr.train.legacy import current_names
 from asr.train.module import ASRModule
-
-
-def load_file(path: str, flag: str) -> dict:
-    """A checkpoint file's contents (tensors memory-mapped, no pickled code run); ConfigError naming ``flag``
-    and the reason if it is missing or not a whole checkpoint."""
-    if not Path(path).is_file():
-        raise ConfigError(f"{flag} {path}: no such file")
-    if not zipfile.is_zipfile(path):  # torch.save writes zip files; torch's own error talks of mmap
-        raise ConfigError(f"{flag} {path}: not a readable checkpoint of asr.fit (not the zip file torch.save "
-                          "writes); a copy cut short, or another kind of file?")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        reason = " ".join(str(err).split()).split(". ")[0][:160] or "empty or cut short"  # torch adds advice
-        raise ConfigError(f"{flag} {path}: not a readable checkpoint of asr.fit ({type(err).__name__}: "
-                          f"{reason}); a copy cut short, or another kind of file?") from err
 
 
 def read_weights(path: str) -> dict:

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from asr.checkpoint import METADATA
 from asr.data.batch import collate
 from asr.settings import ConfigError
 from asr.tokenizer import Tokenizer
-from asr.tools.convert import METADATA
 from asr.train.finetune import FineTune
 from asr.train.init_from import initialize
 from tests.conftest import TEXTS, save_checkpoint, sine

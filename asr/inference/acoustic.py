@@ -29,6 +29,8 @@ class AcousticModel(Protocol):
     sample_rate: int  # Hz of the audio log_probs expects
     tokenizer: Tokenizer  # output class i is tokenizer piece i; 0 is the CTC blank
     frame_seconds: float  # seconds per output frame: feature hop x subsampling
+    # and optionally ``objective`` (asr.train.objectives): how its frames become ids, word times and cut points;
+    # a model without one is CTC's (an exported model, or your own)
 
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, n) fp32 and lengths (B,) in samples -> log-probs (B, T', V) fp32 on the CPU, lengths (B,)."""
@@ -43,6 +45,7 @@ class CheckpointModel:
         self.sample_rate: int = module.model.sample_rate
         self.tokenizer: Tokenizer = module.tokenizer
         self.frame_seconds: float = module.model.frame_seconds
+        self.objective = module.objective
 
     @torch.inference_mode()
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

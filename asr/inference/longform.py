@@ -118,14 +118,16 @@ def blank_cut(log_probs: torch.Tensor, lo: int, hi: int) -> int:
     return lo + best_mid
 
 
-def segments(pieces: Iterable[torch.Tensor], length: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Consecutive log-prob pieces re-cut into segments of length/2 to ``length`` frames at pauses
-    (``blank_cut``); the last may be shorter. Yields (first frame, (T, V) log-probs)."""
+def segments(pieces: Iterable[torch.Tensor], length: int,
+             cut_at: Callable[[torch.Tensor, int, int], int] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+    """Consecutive log-prob pieces re-cut into segments of length/2 to ``length`` frames at pauses (``cut_at``,
+    the objective's cut; CTC's is ``blank_cut``); the last may be shorter. Yields (first frame, (T, V) log-probs)."""
+    cut_at = cut_at or blank_cut
     pending, first = None, 0
     for piece in pieces:
         pending = piece if pending is None else torch.cat([pending, piece])
         while len(pending) > length:
-            cut = blank_cut(pending, length // 2, length)
+            cut = cut_at(pending, length // 2, length)
             yield first, pending[:cut]
             pending, first = pending[cut:], first + cut
     if pending is not None and len(pending):

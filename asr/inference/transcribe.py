@@ -27,11 +27,12 @@ from asr.data import manifest as mf
 from asr.data.sampler import BucketBatchSampler
 from asr.inference.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
 from asr.inference.acoustic import AcousticModel, CheckpointModel, load_model
-from asr.inference.decoding import Decoder, greedy
+from asr.inference.decoding import Decoder
 from asr.inference.inputs import check_all, failed, in_order
 from asr.inference.longform import segments, stitched
-from asr.inference.result import Result, align, blank_frames, confident, loudness, words_of
+from asr.inference.result import Result, confident, loudness, words_of
 from asr.train.module import ASRModule
+from asr.train.objectives import CTC, Objective
 
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
 ON_ERROR = ("continue", "stop")
@@ -46,7 +47,8 @@ class Transcriber:
         model: an AcousticModel, or an ASRModule (wrapped in CheckpointModel on ``device``).
         device: where an ASRModule runs; an AcousticModel places itself.
         max_batch_seconds: padded audio per model call (short files, or chunks of a long one).
-        decoder: (log_probs (B, T', V), lengths (B,)) -> token ids per utterance; greedy by default.
+        decoder: (log_probs (B, T', V), lengths (B,)) -> token ids per utterance; the model's objective's
+            (greedy) by default.
         chunk_seconds: files longer than this are run in overlapping chunks of it; 0 = never chunk.
         overlap_seconds: audio shared by neighbouring chunks; half of it is context on each side.
         min_confidence: words whose confidence (the mean posterior of their frames, 0..1) is below this are
@@ -54,13 +56,14 @@ class Transcriber:
     """
 
     def __init__(self, model: AcousticModel | ASRModule, device: str | torch.device = "cpu",
-                 max_batch_seconds: float = 120.0, decoder: Decoder = greedy, chunk_seconds: float = 30.0,
+                 max_batch_seconds: float = 120.0, decoder: Decoder | None = None, chunk_seconds: float = 30.0,
                  overlap_seconds: float = 4.0, min_confidence: float = 0.0):
         self.model = CheckpointModel(model, device) if isinstance(model, ASRModule) else model
+        self.objective: Objective = getattr(self.model, "objective", None) or CTC()  # word times, cut points
         if chunk_seconds and not 4 * self.model.frame_seconds <= overlap_seconds <= chunk_seconds / 2:
             raise ValueError(f"--overlap_seconds must be between 4 frames ({4 * self.model.frame_seconds:g} s) "
                              f"and half of --chunk_seconds ({chunk_seconds / 2:g} s), got {overlap_seconds:g}")
-        self.max_batch_seconds, self.decoder = max_batch_seconds, decoder
+        self.max_batch_seconds, self.decoder = max_batch_seconds, decoder or self.objective.decode
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"--min_confidence must be between 0 and 1, got {min_confidence:g}")
         self.chunk_seconds, self.overlap_seconds = chunk_seconds, overlap_seconds
@@ -166,7 +169,8 @@ class Transcriber:
                 hyps = self.decoder(log_probs, lengths)
                 for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist())):
                     levels = loudness(audio[j], self.sample_rate, self.model.frame_seconds)
-                    spans, blank = align(log_probs[row, :n], ids), blank_frames(log_probs[row, :n])
+                    spans = self.objective.align(log_probs[row, :n], ids)
+                    blank = self.objective.silent_frames(log_probs[row, :n])
                     results[j] = self._result(utts[j], ids, spans, levels, blank / max(n, 1))
             progress(sum(utts[j].duration for j in batch_indices))
         for j, i in enumerate(indices):
@@ -180,11 +184,12 @@ class Transcriber:
         levels: list[torch.Tensor] = []  # the loudness of the pieces read: 0.4 kB per second of audio
         ids, spans, blank, frames = [], [], 0, 0
         try:
-            for first, log_probs in segments(heard(pieces, levels), round(self.chunk_seconds / self.model.frame_seconds)):
+            length = round(self.chunk_seconds / self.model.frame_seconds)
+            for first, log_probs in segments(heard(pieces, levels), length, self.objective.cut):
                 segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
                 ids += segment_ids
-                spans += align(log_probs, segment_ids, first)
-                blank, frames = blank + blank_frames(log_probs), frames + len(log_probs)
+                spans += self.objective.align(log_probs, segment_ids, first)
+                blank, frames = blank + self.objective.silent_frames(log_probs), frames + len(log_probs)
         except AudioError as err:  # found mid-file: nothing of it is kept
             return failed(utt, str(err))
         return self._result(utt, ids, spans, torch.cat(levels), blank / max(frames, 1))

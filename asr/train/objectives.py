@@ -1,11 +1,17 @@
-"""The objective seam: what training minimises, and how its outputs become token ids.
+"""The objective seam: what training minimises, and how its outputs become token ids, word times and cut points.
 
     objective(model, batch, training) -> Loss(objective to minimise, summed loss of the output, log_probs, lengths)
-    objective.decode(log_probs, lengths) -> token ids per utterance (what WER/CER are scored on)
+    objective.decode(log_probs, lengths) -> token ids per utterance (what WER/CER are scored on; greedy)
+    objective.align(frames, ids, first_frame) -> token spans on one utterance's frames (word times, confidences)
+    objective.silent_frames(frames) -> how many frames emit nothing (a Result's blank_share)
+    objective.cut(frames, lo, hi) -> a frame in [lo, hi) where a long recording's frames may be split
+
+asr.inference asks the model's objective (AcousticModel.objective) for all of these, never CTC's functions
+by name; only beam search with a language model (asr.inference.decoding.BeamSearch) is CTC's own.
 
 ``CTC`` is today's (with intermediate CTC, Lee and Watanabe 2021). Loss and log-softmax are fp32; a loss is a
 sum over the batch, so ASRModule divides by the global batch's tokens (a per-token mean over all ranks).
-A new objective (hybrid CTC/attention, transducer) is a class here or in a file beside it, with its decoder.
+A new objective (hybrid CTC/attention, transducer) is a class here or in a file beside it, with these methods.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from torch import nn
 
 from asr.data.batch import Batch
 from asr.inference.decoding import greedy
+from asr.inference.longform import blank_cut
+from asr.inference.result import Span, align, blank_frames
 from asr.tokenizer import BLANK_ID
 
 
@@ -32,6 +40,12 @@ class Objective(Protocol):
     def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss: ...
 
     def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]: ...
+
+    def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]: ...
+
+    def silent_frames(self, frames: torch.Tensor) -> int: ...
+
+    def cut(self, frames: torch.Tensor, lo: int, hi: int) -> int: ...
 
 
 class CTC:
@@ -55,6 +69,18 @@ class CTC:
 
     def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
         return greedy(log_probs, lengths)
+
+    def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
+        """CTC forced alignment of ``ids`` on one utterance's (T', V) log-probs (asr.inference.result.align)."""
+        return align(frames, ids, first_frame)
+
+    def silent_frames(self, frames: torch.Tensor) -> int:
+        """Frames whose most likely class is the blank."""
+        return blank_frames(frames)
+
+    def cut(self, frames: torch.Tensor, lo: int, hi: int) -> int:
+        """The middle of the longest run of blank frames in [lo, hi) (asr.inference.longform.blank_cut)."""
+        return blank_cut(frames, lo, hi)
 
 
 def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor,

@@ -24,6 +24,7 @@ from asr.inference.longform import blank_cut, chunk_starts, segments, stitched
 from asr.inference.result import hops_per_frame, loudness
 from asr.inference.transcribe import Transcriber
 from asr.tokenizer import BLANK_ID
+from asr.train.objectives import CTC
 from tests.conftest import TEXTS
 from tests.tones import RATE, ToneModel, tones
 
@@ -136,3 +137,36 @@ def test_segments_cover_every_frame_once_cut_at_pauses_and_decode_as_the_whole()
     assert all(classes[first] == BLANK_ID for first, _ in cut[1:])  # never inside a word
     whole = greedy(log_probs[None], torch.tensor([len(classes)]))[0]
     assert [t for _, s in cut for t in greedy(s[None], torch.tensor([len(s)]))[0]] == whole
+
+
+def test_word_times_cut_points_and_silence_come_from_the_models_objective(tone_file, char_tokenizer):
+    """The objective seam (issue 40): the Transcriber asks ``model.objective`` (CTC's when the model has none) to
+    decode, align, count silent frames and cut long recordings; an objective of another kind plugs in there."""
+    class Counting(CTC):
+        def __init__(self):
+            super().__init__()
+            self.calls = dict.fromkeys(("decode", "align", "silent_frames", "cut"), 0)
+
+        def decode(self, *args):
+            self.calls["decode"] += 1
+            return super().decode(*args)
+
+        def align(self, *args):
+            self.calls["align"] += 1
+            return super().align(*args)
+
+        def silent_frames(self, *args):
+            self.calls["silent_frames"] += 1
+            return super().silent_frames(*args)
+
+        def cut(self, *args):
+            self.calls["cut"] += 1
+            return super().cut(*args)
+
+    path, words, _ = tone_file("twelve.flac", TEXTS * 2)
+    plain = Transcriber(ToneModel(char_tokenizer), chunk_seconds=3.0, overlap_seconds=1.0).transcribe_results([path])[0]
+    model = ToneModel(char_tokenizer)
+    model.objective = Counting()
+    counted = Transcriber(model, chunk_seconds=3.0, overlap_seconds=1.0).transcribe_results([path])[0]
+    assert counted.text == plain.text == " ".join(words) and counted.blank_share == plain.blank_share
+    assert all(model.objective.calls[name] > 0 for name in ("decode", "align", "silent_frames", "cut"))

@@ -15,12 +15,15 @@ from typing import Literal
 import torch
 
 
+PATTERNS = ("include", "exclude", "freeze")  # FineTune's fields that hold patterns
+
+
 @dataclass(frozen=True)
 class FineTune:
     """What ``--model.init_from`` loads, and what stays frozen at first.
 
     Args:
-        include: patterns of the weights to load from model.init_from ("*": all).
+        include: patterns of the weights to load from model.init_from ("*": all); one pattern, or a list.
         exclude: patterns of weights not to load (they keep their fresh initialisation), e.g.
             "model.encoder.subsampling.*" to learn a new front end for other features.
         mismatched: a weight whose shape differs from the checkpoint's (other than the CTC head under a new
@@ -33,14 +36,17 @@ class FineTune:
         freeze_steps: optimizer steps with the freeze patterns' weights held still; 0 = none.
     """
 
-    include: tuple[str, ...] = ("*",)
-    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] | str = ("*",)
+    exclude: tuple[str, ...] | str = ()
     mismatched: Literal["refuse", "reinit"] = "refuse"
     copy_shared_tokens: bool = True
-    freeze: tuple[str, ...] = ("model.encoder.*",)
+    freeze: tuple[str, ...] | str = ("model.encoder.*",)
     freeze_steps: int = 0
 
     def __post_init__(self):
+        for name in PATTERNS:  # one pattern may be given alone: --model.finetune.exclude 'model.head.*'
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         if self.freeze_steps < 0:
             raise ValueError(f"model.finetune.freeze_steps must be >= 0, got {self.freeze_steps}")
 

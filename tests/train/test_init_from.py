@@ -136,7 +136,9 @@ def test_include_and_exclude_choose_the_weights_loaded(source, char_tokenizer):
     trained_model, path = source
     model = fresh(char_tokenizer)
     initial = {name: value.clone() for name, value in model.state_dict().items()}
-    lines = initialize(model, str(path), FineTune(include=("model.encoder.*",), exclude=("model.encoder.subsampling.*",)))
+    finetune = FineTune(include=["model.encoder.*"], exclude="model.encoder.subsampling.*")  # as flags give them
+    assert (finetune.include, finetune.exclude) == (("model.encoder.*",), ("model.encoder.subsampling.*",))
+    lines = initialize(model, str(path), finetune)
     for name, value in model.state_dict().items():
         chosen = name.startswith("model.encoder.") and not name.startswith("model.encoder.subsampling.")
         assert same(value, (trained_model.state_dict() if chosen else initial)[name]), name

@@ -29,7 +29,6 @@ import signal
 import sys
 import tempfile
 import warnings
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
@@ -110,17 +109,16 @@ class ASRCLI(LightningCLI):
 
 
 def strategy_name(strategy) -> str:
-    """'ddp', 'deepspeed_stage_2', or the class path of a strategy given as class_path/init_args."""
+    """'ddp', 'fsdp', or the class path of a strategy given as class_path/init_args."""
     return strategy if isinstance(strategy, str) else getattr(strategy, "class_path", type(strategy).__name__)
 
 
-def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = None) -> None:
+def check_hardware(trainer, cuda: bool | None = None) -> None:
     """Refuse what Lightning would fail at deep inside, or silently change, with one clear sentence.
 
-    ``cuda`` and ``deepspeed`` default to what this machine has (tests pass them explicitly).
+    ``cuda`` defaults to what this machine has (tests pass it explicitly).
     """
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    deepspeed = find_spec("deepspeed") is not None if deepspeed is None else deepspeed
     on_gpu = uses_cuda(trainer.accelerator, cuda)
     precision, strategy = str(trainer.precision), strategy_name(trainer.strategy).lower()
     if str(trainer.accelerator) in ("gpu", "cuda") and not cuda:
@@ -131,10 +129,11 @@ def check_hardware(trainer, cuda: bool | None = None, deepspeed: bool | None = N
             f"trainer.precision={precision} needs a CUDA GPU: on a CPU Lightning would quietly train in bf16 "
             "instead; ask for bf16-mixed (or 32-true)."
         )
-    if "deepspeed" in strategy and not deepspeed:
-        raise ConfigError(f"trainer.strategy={strategy} needs DeepSpeed: pip install -e \".[deepspeed]\".")
-    if "deepspeed" in strategy and not on_gpu:
-        raise ConfigError(f"trainer.strategy={strategy} needs a CUDA GPU; on a CPU use configs/strategy/fsdp.yaml.")
+    if "deepspeed" in strategy:
+        raise ConfigError(
+            f"trainer.strategy={strategy}: DeepSpeed is not supported: under ZeRO the gradients are not in p.grad, "
+            "so asr's skip of non-finite updates and its gradient clipping would do nothing. configs/strategy/"
+            "fsdp.yaml (FSDP2) shards parameters, gradients and optimizer state as ZeRO-3 does.")
     if strategy.split(".")[-1] in ("fsdp", "fsdpstrategy") and not on_gpu:
         raise ConfigError(
             "Lightning's FSDPStrategy needs a CUDA GPU; configs/strategy/fsdp.yaml (FSDP2 under "

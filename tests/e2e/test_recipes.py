@@ -104,9 +104,9 @@ def test_gpu_recipe_builds_a_bpe_conformer_base_and_needs_a_gpu():
     trainer = yaml.safe_load((RECIPES / "gpu-100h.yaml").read_text())["trainer"]
     assert (trainer["accelerator"], trainer["strategy"], trainer["precision"]) == ("gpu", "ddp", "auto")
     parsed = SimpleNamespace(**trainer)
-    check_hardware(parsed, cuda=True, deepspeed=False)
+    check_hardware(parsed, cuda=True)
     with pytest.raises(ConfigError, match="trainer.accelerator=gpu needs a CUDA GPU") as error:
-        check_hardware(parsed, cuda=False, deepspeed=False)
+        check_hardware(parsed, cuda=False)
     assert "\n" not in str(error.value)
 
 

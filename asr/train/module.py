@@ -218,7 +218,8 @@ class ASRModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Log the update's global per-token loss, or, when any rank's loss or gradient has a NaN or Inf,
-        skip the update on every rank: gradients are dropped, so weights and optimizer moments stay."""
+        skip the update on every rank: gradients are dropped, so weights and optimizer moments stay. In the first
+        model.finetune.freeze_steps updates the gradients of model.finetune.freeze's weights are dropped first."""
         if self.global_step < self.finetune.freeze_steps:
             for p in frozen(self, self.finetune.freeze):
                 p.grad = None  # held still: AdamW leaves a parameter without a gradient as it is

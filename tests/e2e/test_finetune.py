@@ -49,3 +49,22 @@ def test_a_run_from_a_checkpoint_with_a_new_vocabulary_holds_the_encoder_still_t
     pieces = Tokenizer(tuned["tokenizer"]).sp
     assert all(len(pieces.id_to_piece(i).lstrip("\u2581")) <= 1 for i in range(2, pieces.get_piece_size()))  # char
     assert tuned["hyper_parameters"]["init_from"] == str(source)
+
+
+def test_the_documented_fine_tuning_command_keeps_the_checkpoints_vocabulary_and_loads_every_weight(data, tmp_path):
+    """docs/training.md's command: the checkpoint's own config.yaml, then configs/recipes/finetune.yaml, the
+    checkpoint as both init_from and tokenizer_model (limited to 2 steps here)."""
+    fit(*data, "--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "source"))
+    folder = versions(tmp_path / "source")[0]
+    source = folder / "checkpoints" / "last.ckpt"
+    result = run([sys.executable, "-m", "asr.fit", "--config", str(folder / "config.yaml"), "--config",
+                  "configs/recipes/finetune.yaml", "--model.init_from", str(source), "--data.tokenizer_model",
+                  str(source), "--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "tuned")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights_there = len(weights(source))
+    said = result.stdout + result.stderr
+    assert f"loaded {weights_there} of this model's {weights_there} weights" in said and "re-initialised" not in said
+    tuned = sorted((tmp_path / "tuned" / "finetune").glob("version_*"))[0]  # the recipe names the run finetune
+    checkpoint = torch.load(tuned / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["tokenizer"] == torch.load(source, weights_only=True)["tokenizer"]
+    assert checkpoint["optimizer_states"][0]["param_groups"][0]["initial_lr"] == 0.0005  # the recipe's lr

@@ -11,7 +11,8 @@ import torch
 
 from asr.settings import ConfigError
 
-METADATA = "meta.pt"  # beside a sharded folder's torch.distributed.checkpoint files: everything but weights and optimizer state
+# beside a sharded folder's torch.distributed.checkpoint files: everything but the weights and optimizer state
+METADATA = "meta.pt"
 
 
 def load_file(path: str | Path, flag: str) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from asr.audio import FeatureConfig
+from asr.audio import HOP_SECONDS, FeatureConfig
 from asr.configs import CONFIGS
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
@@ -52,7 +52,8 @@ def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: 
     parameters = sum(p.numel() for p in model.parameters())
     samples = round(utterance_seconds * model.sample_rate)
     per_second = model.forward_flops(torch.tensor([samples])).item() / utterance_seconds
-    front = model.encoder.subsampling.flops(torch.tensor([round(utterance_seconds * 100)]))[0].item() / utterance_seconds
+    frames = torch.tensor([round(utterance_seconds / HOP_SECONDS)])
+    front = model.encoder.subsampling.flops(frames)[0].item() / utterance_seconds
     hours = TRAIN_FLOPS_PER_FORWARD * per_second * HOURS * 3600 / (peak * mfu) / 3600
     shape = f"{cfg.block} {cfg.d_model}x{cfg.n_layers}, x{cfg.subsampling} {cfg.subsampling_conv}"
     return (f"| {name} | {shape} | {parameters / 1e6:,.0f}M | {per_second / 1e9:.2f} | "

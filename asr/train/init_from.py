@@ -4,8 +4,8 @@ training, on every rank, unless the run resumes (--ckpt_path).
 
 What is loaded, per weight (``model.finetune``, asr.train.finetune.FineTune):
 - a weight ``include`` and not ``exclude`` selects, of the same shape in the checkpoint: loaded;
-- the CTC head, when the data's tokenizer is not the checkpoint's: re-initialised, with the rows of pieces both
-  vocabularies have copied over (``copy_shared_tokens``);
+- the CTC head, when the data's tokenizer is not the checkpoint's: re-initialised (with ``copy_shared_tokens``, the
+  rows of pieces both vocabularies have copied over);
 - another shape: the run stops naming every such weight (``mismatched refuse``), or it keeps its fresh
   initialisation (``mismatched reinit``);
 - not in the checkpoint, or not selected: left as initialised.
@@ -88,7 +88,8 @@ def initialize(module: ASRModule, path: str, finetune: FineTune) -> list[str]:
     features = [c for c in settings_changed(source["hyper_parameters"], module) if c.startswith("features.")]
     if features:
         lines.append(f"  the input features differ from the checkpoint's ({', '.join(features)}): the weights after "
-                     "them learnt other inputs (--model.finetune.exclude 'model.encoder.subsampling.*' starts those anew)")
+                     "them learnt other inputs (--model.finetune.exclude 'model.encoder.subsampling.*' starts those "
+                     "anew)")
     return lines
 
 

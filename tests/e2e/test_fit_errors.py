@@ -73,7 +73,7 @@ def test_a_setting_out_of_range_is_one_line_with_the_range(args, message, tmp_pa
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-@pytest.mark.parametrize("kind, reason", [("missing", "no such file"), ("folder", "a folder with no meta.pt"),
+@pytest.mark.parametrize("kind, reason", [("missing", "no such file"), ("folder", "a folder, not a sharded checkpoint (it has no meta.pt)"),
                                           ("text", "not a sentencepiece model or checkpoint of asr")])
 def test_a_tokenizer_file_that_is_not_one_is_named_by_its_flag(kind, reason, tmp_path):
     path = bad_file(tmp_path, kind)

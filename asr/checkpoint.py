@@ -13,6 +13,12 @@ from asr.settings import ConfigError
 
 # beside a sharded folder's torch.distributed.checkpoint files: everything but the weights and optimizer state
 METADATA = "meta.pt"
+HOLDS = ("state_dict", "hyper_parameters", "tokenizer")  # what every checkpoint of asr.fit and asr.average holds
+
+
+def missing(checkpoint: dict) -> list[str]:
+    """The keys of HOLDS that ``checkpoint`` lacks (none for a checkpoint of asr)."""
+    return [key for key in HOLDS if key not in checkpoint]
 
 
 def load_file(path: str | Path, flag: str) -> dict:

@@ -29,6 +29,10 @@ DEFAULT_MODEL_TYPE = "char"  # works on any amount of text; word pieces need eno
 DEFAULT_VOCAB_SIZE = 64  # largest vocabulary when training unigram or bpe (ignored for char)
 
 
+class NotATokenizer(ValueError):
+    """``Tokenizer.load``: a folder or checkpoint with no tokenizer in it; the message is the reason."""
+
+
 class Tokenizer:
     """A sentencepiece model that keeps its own serialized bytes."""
 
@@ -75,11 +79,11 @@ class Tokenizer:
             from asr.checkpoint import METADATA
 
             if path.is_dir() and not (path / METADATA).is_file():
-                raise ValueError(f"{path} is a folder with no {METADATA}")
+                raise NotATokenizer(f"a folder, not a sharded checkpoint (it has no {METADATA})")
             checkpoint = torch.load(path / METADATA if path.is_dir() else path, map_location="cpu",
                                     weights_only=True, mmap=True)
             if "tokenizer" not in checkpoint:
-                raise ValueError(f"{path} is a checkpoint with no tokenizer inside: it was not written by asr.fit")
+                raise NotATokenizer("a checkpoint with no tokenizer inside: it was not written by asr.fit")
             return cls(checkpoint["tokenizer"])
         return cls(path.read_bytes())
 

@@ -13,6 +13,8 @@ TRAIN_FLOPS_PER_FORWARD x the forward FLOPs. The MFU is an assumption until a ru
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 from pathlib import Path
 
 import torch
@@ -22,29 +24,22 @@ from asr.audio import HOP_SECONDS, FeatureConfig
 from asr.configs import CONFIGS
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.train import fit
 from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
 
 HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
 
 
-def merged(*files: Path) -> dict:
-    """The YAML files' contents, each stacked on the ones before (nested keys merged, as --config does)."""
-    def merge(a: dict, b: dict) -> dict:
-        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                        for k, v in b.items()}}
-    result: dict = {}
-    for path in files:
-        result = merge(result, yaml.safe_load(path.read_text()) or {})
-    return result
-
-
-def model_of(recipe: Path, preset: Path) -> CTCModel:
-    """The CTCModel of ``--config RECIPE --config PRESET``, on the meta device."""
-    config = merged(recipe, preset)
-    model, data = config.get("model", {}), config.get("data", {})
-    features = FeatureConfig(data.get("sample_rate", FeatureConfig.sample_rate), **model.get("features", {}))
+def model_of(*configs: Path) -> CTCModel:
+    """The CTCModel of ``python -m asr.fit --config A --config B ...``, on the meta device: the settings as
+    asr.fit's own parser resolves them (its ``--print_config``), the vocabulary at data.tokenizer_vocab_size."""
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        fit.main([arg for config in configs for arg in ("--config", str(config))] + ["--print_config"])
+    config = yaml.safe_load(out.getvalue())
+    model, data = config["model"], config["data"]
+    features = FeatureConfig(data["sample_rate"], **model["features"])
     with torch.device("meta"):
-        return CTCModel(features, EncoderConfig(**model.get("encoder", {})), data.get("tokenizer_vocab_size", 64))
+        return CTCModel(features, EncoderConfig(**model["encoder"]), data["tokenizer_vocab_size"])
 
 
 def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: float) -> str:
@@ -54,7 +49,7 @@ def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: 
     per_second = model.forward_flops(torch.tensor([samples])).item() / utterance_seconds
     frames = torch.tensor([round(utterance_seconds / HOP_SECONDS)])
     front = model.encoder.subsampling.flops(frames)[0].item() / utterance_seconds
-    hours = TRAIN_FLOPS_PER_FORWARD * per_second * HOURS * 3600 / (peak * mfu) / 3600
+    hours = TRAIN_FLOPS_PER_FORWARD * per_second * HOURS / (peak * mfu)  # (x 3600 s of audio / 3600 s of GPU)
     shape = f"{cfg.block} {cfg.d_model}x{cfg.n_layers}, x{cfg.subsampling} {cfg.subsampling_conv}"
     return (f"| {name} | {shape} | {parameters / 1e6:,.0f}M | {per_second / 1e9:.2f} | "
             f"{front / per_second:.0%} | {hours:.2g} |")
@@ -76,10 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| preset | encoder | parameters | forward GFLOP per audio-second | of it, subsampling | "
           f"GPU-hours per {HOURS:,.0f} h epoch |")
     print("|---|---|---|---|---|---|")
-    presets = sorted((CONFIGS / "model").glob("*.yaml"), key=lambda p: sum(x.numel() for x in
-                     model_of(Path(args.recipe), p).parameters()))
-    for preset in presets:
-        print(row(preset.stem, model_of(Path(args.recipe), preset), args.utterance_seconds, peak, args.mfu))
+    models = {preset.stem: model_of(Path(args.recipe), preset) for preset in (CONFIGS / "model").glob("*.yaml")}
+    for name, model in sorted(models.items(), key=lambda item: sum(p.numel() for p in item[1].parameters())):
+        print(row(name, model, args.utterance_seconds, peak, args.mfu))
 
 
 def run() -> None:

@@ -20,7 +20,6 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
 from asr.audio import AudioError, FeatureConfig, resample
-from asr.checkpoint import METADATA
 from asr.data import manifest as mf
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.batch import Batch, collate
@@ -31,7 +30,7 @@ from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import encoder_frames
 from asr.settings import plain_settings
-from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, Tokenizer
+from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, NotATokenizer, Tokenizer
 from asr.train.resilience import end_data_workers_at_exit, init_data_worker
 
 
@@ -239,7 +238,7 @@ class ASRDataModule(pl.LightningDataModule):
                 return Tokenizer.load(hp.tokenizer_model)
             except (OSError, RuntimeError, ValueError) as err:  # missing, a folder, not a sentencepiece model
                 reason = "no such file" if isinstance(err, FileNotFoundError) else \
-                    f"a folder, not a sharded checkpoint (it has no {METADATA})" if Path(hp.tokenizer_model).is_dir() else \
+                    str(err) if isinstance(err, NotATokenizer) else \
                     f"not a sentencepiece model or checkpoint of asr ({' '.join(str(err).split())[:160]})"
                 raise ValueError(f"data.tokenizer_model {hp.tokenizer_model}: {reason}") from err
         utterances, _ = self.source("train").parse()

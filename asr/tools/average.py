@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from asr.atomic import write_atomically
+from asr.checkpoint import missing
 from asr.settings import dotted
 
 MONITOR = "val/wer"  # what --best ranks by; lower is better
@@ -50,9 +51,9 @@ def load(path: Path) -> dict:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a file that is not a checkpoint
         raise AverageError(f"{path}: cannot read it as a checkpoint ({err})") from err
-    missing = [key for key in ("state_dict", "hyper_parameters", "tokenizer") if key not in checkpoint]
-    if missing:
-        raise AverageError(f"{path}: no {', '.join(missing)} inside: it was not written by asr.fit")
+    lacks = missing(checkpoint)
+    if lacks:
+        raise AverageError(f"{path}: no {', '.join(lacks)} inside: it was not written by asr.fit")
     return checkpoint
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from asr.checkpoint import load_file
+from asr.checkpoint import load_file, missing
 from asr.settings import ConfigError, dotted
 from asr.tokenizer import Tokenizer
 from asr.tools.convert import merge
@@ -38,9 +38,9 @@ def read_weights(path: str) -> dict:
             raise ConfigError(f"{flag} {err}") from err
     else:
         checkpoint = load_file(path, flag)
-    missing = [key for key in ("state_dict", "hyper_parameters", "tokenizer") if key not in checkpoint]
-    if missing:
-        raise ConfigError(f"{flag} {path}: not a checkpoint of asr.fit (it has no {', '.join(missing)})")
+    lacks = missing(checkpoint)
+    if lacks:
+        raise ConfigError(f"{flag} {path}: not a checkpoint of asr.fit (it has no {', '.join(lacks)})")
     return {"state_dict": current_names(checkpoint["state_dict"]), "tokenizer": Tokenizer(checkpoint["tokenizer"]),
             "hyper_parameters": checkpoint["hyper_parameters"]}
 

@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from asr.checkpoint import METADATA
 from asr.data.batch import collate
 from asr.settings import ConfigError
-from asr.tokenizer import Tokenizer
+from asr.tokenizer import NotATokenizer, Tokenizer
 from asr.train.finetune import FineTune
 from asr.train.init_from import initialize
 from tests.conftest import TEXTS, save_checkpoint, sine
@@ -186,3 +186,13 @@ def test_a_freeze_pattern_that_matches_no_weight_is_refused_naming_it(char_token
     with pytest.raises(ValueError, match=r"^model.finetune.freeze model.blocks.\* matches no weight of this model"):
         module(char_tokenizer, finetune=FineTune(freeze=("model.blocks.*",), freeze_steps=5))
     module(char_tokenizer, finetune=FineTune(freeze=("model.blocks.*",)))  # no steps frozen: nothing to match
+
+
+def test_a_folder_or_checkpoint_without_a_tokenizer_says_which_it_is(tmp_path):
+    folder = tmp_path / "run.ckpt"
+    folder.mkdir()
+    with pytest.raises(NotATokenizer, match=r"^a folder, not a sharded checkpoint \(it has no meta.pt\)$"):
+        Tokenizer.load(folder)
+    torch.save({"epoch": 3}, folder / METADATA)  # a sharded folder, but not asr.fit's
+    with pytest.raises(NotATokenizer, match="^a checkpoint with no tokenizer inside"):
+        Tokenizer.load(folder)

@@ -18,6 +18,7 @@ COMMANDS = {
     "convert": ("asr.tools.convert", "a sharded checkpoint folder -> one .ckpt"),
     "study": ("asr.study.run", "the scaling study: which model size trains fastest"),
     "bench": ("asr.bench.suite", "the benchmark suite"),
+    "shard": ("asr.tools.shard", "manifests -> Lhotse Shar shards, a tokenizer and an index, for large corpora"),
     "import": ("asr.tools.import_corpus", "LibriSpeech, Common Voice or Kaldi folders -> manifests"),
     "build-lm": ("asr.tools.build_lm", "an n-gram LM for beam search"),
 }

@@ -18,7 +18,7 @@ import torch
 
 from asr.data import manifest as mf
 from asr.data.augment import Augmentation, Augmenter
-from asr.data.module import ASRDataset, random_voice
+from asr.data.dataset import ASRDataset, random_voice
 
 EFFECTS = {  # name -> the settings that switch it (and only it) on
     "pitch": dict(pitch_prob=1.0),

@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
+import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import yaml
@@ -33,7 +36,8 @@ HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
 def model_of(*configs: Path) -> CTCModel:
     """The CTCModel of ``python -m asr.fit --config A --config B ...``, on the meta device: the settings as
     asr.fit's own parser resolves them (its ``--print_config``), the vocabulary at data.tokenizer_vocab_size."""
-    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit), \
+            mock.patch.object(sys, "argv", sys.argv[:1]):  # this command's own flags are not asr.fit's
         fit.main([arg for config in configs for arg in ("--config", str(config))] + ["--print_config"])
     config = yaml.safe_load(out.getvalue())
     model, data = config["model"], config["data"]
@@ -42,7 +46,8 @@ def model_of(*configs: Path) -> CTCModel:
         return CTCModel(features, EncoderConfig(**model["encoder"]), data["tokenizer_vocab_size"])
 
 
-def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: float) -> str:
+def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: float,
+        worker_audio_per_second: float | None = None) -> str:
     cfg = model.encoder.cfg
     parameters = sum(p.numel() for p in model.parameters())
     samples = round(utterance_seconds * model.sample_rate)
@@ -50,9 +55,11 @@ def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: 
     frames = torch.tensor([round(utterance_seconds / HOP_SECONDS)])
     front = model.encoder.subsampling.flops(frames)[0].item() / utterance_seconds
     hours = TRAIN_FLOPS_PER_FORWARD * per_second * HOURS / (peak * mfu)  # (x 3600 s of audio / 3600 s of GPU)
+    consumed = peak * mfu / (TRAIN_FLOPS_PER_FORWARD * per_second)  # audio-seconds the GPU trains on per second
+    feed = f" {math.ceil(consumed / worker_audio_per_second)} |" if worker_audio_per_second else ""
     shape = f"{cfg.block} {cfg.d_model}x{cfg.n_layers}, x{cfg.subsampling} {cfg.subsampling_conv}"
     return (f"| {name} | {shape} | {parameters / 1e6:,.0f}M | {per_second / 1e9:.2f} | "
-            f"{front / per_second:.0%} | {hours:.2g} |")
+            f"{front / per_second:.0%} | {hours:.2g} | {consumed:,.0f} |{feed}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,18 +69,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--utterance_seconds", type=float, default=15.0)
     parser.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="a name as torch.cuda.get_device_name gives it")
     parser.add_argument("--mfu", type=float, default=0.4, help="assumed share of the GPU's bf16 peak")
+    parser.add_argument("--worker_audio_per_second", type=float,
+                        help="what one data worker delivers (python -m asr.bench.loader): adds the workers each needs")
     args = parser.parse_args(argv)
     peak = gpu_peak_flops(args.gpu, "bf16")
     if peak is None:
         parser.error(f"--gpu {args.gpu!r}: no bf16 peak known (asr.train.cost.GPU_PEAKS)")
     print(f"on {Path(args.recipe).name}, {args.utterance_seconds:g} s utterances; GPU-hours at {args.mfu:.0%} MFU of "
           f"{args.gpu}'s {peak / 1e12:,.0f} TFLOP/s bf16 (an assumption until measured)\n")
+    feed = " data workers to feed it |" if args.worker_audio_per_second else ""
     print("| preset | encoder | parameters | forward GFLOP per audio-second | of it, subsampling | "
-          f"GPU-hours per {HOURS:,.0f} h epoch |")
-    print("|---|---|---|---|---|---|")
+          f"GPU-hours per {HOURS:,.0f} h epoch | audio-seconds trained on per GPU-second |{feed}")
+    print("|---|---|---|---|---|---|---|" + ("---|" if feed else ""))
     models = {preset.stem: model_of(Path(args.recipe), preset) for preset in (CONFIGS / "model").glob("*.yaml")}
     for name, model in sorted(models.items(), key=lambda item: sum(p.numel() for p in item[1].parameters())):
-        print(row(name, model, args.utterance_seconds, peak, args.mfu))
+        print(row(name, model, args.utterance_seconds, peak, args.mfu, args.worker_audio_per_second))
 
 
 def run() -> None:

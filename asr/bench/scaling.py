@@ -46,7 +46,7 @@ import torch
 
 from asr.bench.steps import build as build_cli
 from asr.bench.steps import plain_step
-from asr.data.module import Batch
+from asr.data.batch import Batch
 from asr.tokenizer import Tokenizer
 from asr.train.fit import ASRCLI
 

@@ -18,7 +18,8 @@ import torch
 
 from asr.bench.corpus import padding_fraction, random_batches
 from asr.bench.steps import build, fastest, lightning_times, passes, plain_step, plain_times
-from asr.data.module import ASRDataModule, Batch
+from asr.data.batch import Batch
+from asr.data.module import ASRDataModule
 from asr.hardware import emulates_bf16
 from asr.inference.transcribe import Transcriber
 from asr.models.ctc import CTCModel

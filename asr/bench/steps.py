@@ -23,7 +23,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.cli import SaveConfigCallback
 from torch.utils.data import DataLoader
 
-from asr.data.module import Batch
+from asr.data.batch import Batch
 from asr.train import fit
 from asr.train.module import ASRModule
 

@@ -38,13 +38,16 @@ class DataFaults:
         self.listing = listing  # where each failure is also appended (the run folder's bad_lines.txt)
         self.named: set[str] = set()
         self.in_pass: list[str] = []  # this rank's failures since the pass began
+        self.lost = 0  # the utterances they stand for
 
     def start_pass(self) -> None:
-        self.in_pass = []
+        self.in_pass, self.lost = [], 0
 
-    def record(self, dropped: tuple[str, ...]) -> None:
-        """Count and name the failures of one batch; DataFaultError above the allowed share."""
+    def record(self, dropped: tuple[str, ...], lost: int | None = None) -> None:
+        """Count and name the failures of one batch (``lost`` utterances, by default one each); DataFaultError above
+        the allowed share."""
         self.in_pass += dropped
+        self.lost += len(dropped) if lost is None else lost
         for fault in dropped:
             if fault not in self.named:
                 self.named.add(fault)
@@ -55,7 +58,7 @@ class DataFaults:
                     f"dropped a {self.split} utterance whose audio no longer loads: {fault} ({len(self.in_pass)} "
                     f"of {self.size} in this pass; above data.max_dropped_share={self.max_share} the run stops)"
                 ), UserWarning, stacklevel=2)
-        failed = self.summed_over_ranks(len(self.in_pass))
+        failed = self.summed_over_ranks(self.lost)
         if failed > self.max_share * self.size:
             listed = "\n  ".join(self.gathered_from_ranks(self.in_pass))
             raise DataFaultError(

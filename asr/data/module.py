@@ -1,31 +1,32 @@
-"""Data: Dataset, collate, and the DataModule; batches come from asr.data.sampler.
+"""The DataModule: manifests or shards in, batches of similar length out, for 8 kHz or 16 kHz models.
 
 One DataModule serves 8 kHz and 16 kHz audio (``configs/data/8khz.yaml``, ``16khz.yaml``):
 files at another rate are resampled on loading. Batches are filled up to
-``max_batch_seconds`` of padded audio, not a fixed count. Every manifest line is
-checked in ``setup`` before the first step (see asr.data.manifest); audio that breaks later
+``max_batch_seconds`` of padded audio, not a fixed count. From manifests (asr.data.dataset, asr.data.sampler),
+every line is checked in ``setup`` before the first step (see asr.data.manifest); audio that breaks later
 (deleted, truncated) is dropped from its batch and counted (see asr.data.faults), unless it was
-kept in memory (``AudioCache``, ``cache_audio_mb``): then it is not read again.
+kept in memory (``AudioCache``, ``cache_audio_mb``): then it is not read again. From shards
+(``train_shards``, asr.data.shards), start-up reads their index only: the files were checked when written.
 """
 
 from __future__ import annotations
 
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import pytorch_lightning as pl
-import torch
 from pytorch_lightning.utilities import rank_zero_info
-from torch.utils.data import Dataset
 
-from asr.audio import AudioError, FeatureConfig, resample
+from asr.audio import FeatureConfig
 from asr.data import manifest as mf
 from asr.data.augment import Augmentation, Augmenter
-from asr.data.batch import Batch, collate
+from asr.data.dataset import ASRDataset, AudioCache, as_collated, random_voice
 from asr.data.faults import DataFaults
-from asr.data.sampler import BucketBatchSampler, ResumableLoader, split_item
-from asr.data.sources import ManifestSource, Source, source_for
+from asr.data.sampler import BucketBatchSampler, ResumableLoader
+from asr.data.shard_run import check_partition, check_shard_settings, shard_list, shards_tokenizer, stream_loader
+from asr.data.shards import ShardIndex, StreamLoader
+from asr.data.sources import Source, source_for
 from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import encoder_frames
@@ -35,117 +36,6 @@ from asr.train.resilience import end_data_workers_at_exit, init_data_worker
 
 
 BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and file dropped, FILE:LINE: reason
-
-
-class AudioCache:
-    """Waveforms as ``ASRDataset.read`` gives them (decoded, resampled, one per utterance and speed), kept
-    in memory up to ``megabytes`` in all; past that, the rest are read every time. Each process fills its
-    own (a DataLoader worker, a copy). Reading and resampling every epoch cost the data worker CPU that a
-    small machine takes from training (docs/benchmarks.md, 2026-11-24 morning)."""
-
-    def __init__(self, megabytes: float = 0.0):
-        self.budget, self.used = round(megabytes * 1e6), 0
-        self.waves: dict[tuple[int, float], torch.Tensor] = {}
-
-    def get(self, key: tuple[int, float], read: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """The kept waveform of ``key`` (utterance, speed), or ``read()``'s, kept if it fits.
-        Callers never change it in place."""
-        wave = self.waves.get(key)
-        if wave is None:
-            wave = read()
-            if self.used + wave.nbytes <= self.budget:
-                self.waves[key], self.used = wave, self.used + wave.nbytes
-        return wave
-
-    def clear(self) -> None:
-        self.waves, self.used = {}, 0
-
-
-class ASRDataset(Dataset):
-    """Utterances and their token ids; ``dataset[[i, j, ...]]`` loads and collates one batch.
-
-    ``speed_perturb``: the audio is played that much faster (1.1: 10% shorter, pitch up), a cheap
-    augmentation (Ko et al., 2015). The sampler picks the speed: ``load(item)`` takes its items
-    (asr.data.sampler.split_item), so ``dataset[[i, j, ...]]`` plays utterances at speed_perturb[0] if
-    the indices are under ``len(dataset)``.
-    ``augment`` (asr.data.augment, training only) then changes voice, room, noise, channel and level, and
-    may replace the utterance by non-speech (``data.augmentation.nonspeech_prob``), whose tokens are then none, or
-    put pauses of non-speech around it (``data.augmentation.pause_prob``).
-    """
-
-    def __init__(self, utterances: list[mf.Utterance], tokens: list[list[int]], sample_rate: int,
-                 speed_perturb: tuple[float, ...] = (1.0,), cache: AudioCache | None = None,
-                 source: Source | None = None):
-        self.utterances, self.tokens, self.sample_rate = utterances, tokens, sample_rate
-        self.source = source or ManifestSource("", "")  # reads the utterances' audio
-        self.speed_perturb = speed_perturb
-        self.cache = AudioCache() if cache is None else cache
-        self.augment: Augmenter | None = None
-        self.fastest: list[int] | None = None  # per utterance, its fastest playable speed's index (None: any)
-
-    def __len__(self) -> int:
-        return len(self.utterances)
-
-    def load(self, item: int) -> torch.Tensor:
-        """A sampler item's waveform (n,) float32: its utterance at its speed, augmented; AudioError
-        naming its manifest line if it cannot be read."""
-        return self.load_item(item)[0]
-
-    def load_item(self, item: int) -> tuple[torch.Tensor, bool]:
-        """``load``'s waveform, and whether it is still the utterance's speech (see ``augment``)."""
-        speed_index, i = split_item(item, len(self))
-        speed = self.speed_perturb[speed_index]
-        wave = self.cache.get((i, speed), partial(self.read, i, speed))
-        return self.augment.augment(wave) if self.augment else (wave, True)
-
-    def read(self, i: int, speed: float = 1.0) -> torch.Tensor:
-        """Utterance ``i``'s audio played at ``speed``: (n,) float32; AudioError naming its manifest line."""
-        samples, rate = self.source.read(self.utterances[i])
-        return resample(torch.from_numpy(samples), int(round(rate * speed)), self.sample_rate)
-
-    def __getitem__(self, indices: list[int]) -> Batch:
-        """The batch of ``indices``, without those whose audio fails to load (named in ``Batch.dropped``).
-
-        A batch is never empty: if all fail, the next readable utterance stands in, so that
-        every rank still steps and enters the same collectives (DDP, FSDP).
-        """
-        kept, audio, speech, dropped = [], [], [], []
-        for item in indices:
-            try:
-                wave, is_speech = self.load_item(item)
-                audio.append(wave)
-                speech.append(is_speech)
-                kept.append(split_item(item, len(self))[1])
-            except AudioError as err:  # a file deleted or truncated since setup checked it
-                dropped.append(str(err))
-        if not kept:
-            stand_in, waveform = self.first_readable(split_item(indices[-1], len(self))[1] + 1)
-            kept, audio, speech = [stand_in], [waveform], [True]
-        tokens = [torch.tensor(self.tokens[i] if said else [], dtype=torch.long) for i, said in zip(kept, speech)]
-        texts = [self.utterances[i].text if said else "" for i, said in zip(kept, speech)]
-        return collate(audio, tokens, texts)._replace(dropped=tuple(dropped))
-
-    def first_readable(self, start: int) -> tuple[int, torch.Tensor]:
-        """The first utterance from ``start`` on (wrapping round) whose audio loads, and its waveform."""
-        for step in range(len(self)):
-            i = (start + step) % len(self)
-            try:
-                return i, self.load(i)
-            except AudioError:
-                continue
-        raise AudioError(f"none of the {len(self)} utterances' audio can be read any more")
-
-
-def random_voice(dataset: ASRDataset, generator: torch.Generator) -> torch.Tensor:
-    """One utterance of ``dataset`` drawn by ``generator``, as loaded: the babble source (pass an unaugmented set).
-
-    A drawn file that no longer loads is passed over for the next readable one: it is the babble's
-    loss, not the utterance being augmented's (asr.data.faults counts that file when its own batch comes)."""
-    return dataset.first_readable(int(torch.randint(len(dataset), (), generator=generator)))[1]
-
-
-def _as_is(batch: Batch) -> Batch:
-    return batch  # the dataset already collates whole batches
 
 
 class ASRDataModule(pl.LightningDataModule):
@@ -177,6 +67,9 @@ class ASRDataModule(pl.LightningDataModule):
         seed: int = 0,
         subsampling: int = EncoderConfig.subsampling,
         augmentation: Augmentation = Augmentation(),
+        train_shards: str | list[str] | None = None,
+        train_shard_weights: list[float] | None = None,
+        shard_buffer: int = 10000,
     ):
         """
         Args:
@@ -209,6 +102,12 @@ class ASRDataModule(pl.LightningDataModule):
             seed: seed of the batch order (with the epoch number).
             subsampling: the model's frame subsampling, linked from model.encoder.subsampling (CTC feasibility).
             augmentation: waveform augmentation of training audio (asr.data.augment.Augmentation): all off by default.
+            train_shards: train from Lhotse Shar shards written by python -m asr.shard instead of train_manifest: a
+                folder, an https:// or s3:// address of one, or a list of them to mix (asr.data.shards). Start-up
+                reads only their index; training is by steps (trainer.max_steps or max_time).
+            train_shard_weights: with several train_shards, how often each is drawn from (default: equally).
+            shard_buffer: cuts each data worker holds to bucket and shuffle shard audio (memory: this many
+                utterances' FLAC audio per worker, ~14 kB per second of 16 kHz speech: 1.4 GB at 10 s each).
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
@@ -222,6 +121,7 @@ class ASRDataModule(pl.LightningDataModule):
             raise ValueError(f"data.tokenizer_vocab_size must be at least 2 (the blank and one piece), got {tokenizer_vocab_size}")
         if cache_audio_mb < 0:
             raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
+        check_shard_settings(train_shards, train_shard_weights, shard_buffer)
         if not 0 <= max_dropped_share <= 1:
             raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
         self.save_hyperparameters()
@@ -241,6 +141,8 @@ class ASRDataModule(pl.LightningDataModule):
                     str(err) if isinstance(err, NotATokenizer) else \
                     f"not a sentencepiece model or checkpoint of asr ({' '.join(str(err).split())[:160]})"
                 raise ValueError(f"data.tokenizer_model {hp.tokenizer_model}: {reason}") from err
+        if hp.train_shards:
+            return shards_tokenizer(self.corpora)
         utterances, _ = self.source("train").parse()
         if not utterances:
             raise mf.ManifestError(f"{hp.train_manifest}: no usable line to train the tokenizer on")
@@ -259,6 +161,9 @@ class ASRDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
+        if "train" in splits and hp.train_shards:
+            check_partition(lambda: self.corpora, self.trainer)
+            splits = ("val",)
         for split in splits:
             path = hp[f"{split}_manifest"]
             if split not in self.datasets and path:
@@ -309,6 +214,15 @@ class ASRDataModule(pl.LightningDataModule):
             dataset.augment = Augmenter(augmentation, hp.sample_rate, voices)
         return dataset
 
+    @cached_property
+    def corpora(self) -> list[ShardIndex]:
+        """data.train_shards' indexes (asr.data.shards): all that start-up reads of them."""
+        return [ShardIndex.read(root, "data.train_shards") for root in shard_list(self.hparams.train_shards)]
+
+    def unusable(self, utt: mf.Utterance, ids: list[int], speed: float) -> mf.Problem | None:
+        """Why ``utt`` cannot be trained on at ``speed`` (``check_utterance``, ``too_fast``); None if it can."""
+        return self.check_utterance(utt, ids) or self.too_fast(utt, ids, speed)
+
     def check_utterance(self, utt: mf.Utterance, ids: list[int]) -> mf.Problem | None:
         """Duration bounds and text the tokenizer knows (CTC feasibility: ``too_fast``)."""
         hp = self.hparams
@@ -344,7 +258,7 @@ class ASRDataModule(pl.LightningDataModule):
         workers = self.workers
         if workers:
             end_data_workers_at_exit()
-        loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=_as_is,
+        loader = ResumableLoader(dataset, sampler=sampler, batch_size=None, collate_fn=as_collated,
                                  num_workers=workers, persistent_workers=workers > 0, pin_memory=self.on_gpu,
                                  worker_init_fn=partial(init_data_worker, rank=rank))
         loader.faults = self.faults.setdefault(
@@ -375,7 +289,9 @@ class ASRDataModule(pl.LightningDataModule):
         """Whether the batches go to a CUDA device (then workers pin their memory for the copy)."""
         return bool(self.trainer) and self.trainer.strategy.root_device.type == "cuda"
 
-    def train_dataloader(self) -> ResumableLoader:
+    def train_dataloader(self) -> ResumableLoader | StreamLoader:
+        if self.hparams.train_shards:
+            return stream_loader(self)
         return self.loader("train", shuffle=self.hparams.shuffle)
 
     def val_dataloader(self) -> ResumableLoader:

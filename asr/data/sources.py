@@ -1,5 +1,6 @@
-"""Data sources: where a split's utterances and their audio come from. ``Source`` is the contract the DataModule
-batches from; ``ManifestSource`` (NeMo's JSON lines, asr.data.manifest) is today's one implementation.
+"""Data sources: where a split's utterances and their audio come from. ``Source`` is the contract the DataModule's
+map-style path batches from; ``ManifestSource`` (NeMo's JSON lines, asr.data.manifest) is its one implementation.
+Streamed training data (Lhotse Shar shards) is asr.data.shards: a stream has no ``parse`` of every entry.
 
     source.parse() -> (utterances, problems)        every entry, and the entries malformed as written
     source.check(utt, sample_rate, resample) -> (utterance or problem, note)    whether its audio is usable

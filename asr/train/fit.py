@@ -45,6 +45,8 @@ from asr.checkpoint import load_file
 from asr.configs import CONFIGS, map_configs, resolve
 from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule
+from asr.data.shard_run import check_by_steps
+from asr.data.shards import ShardsError
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.settings import ConfigError
 from asr.train.init_from import initialize, settings_changed
@@ -204,6 +206,12 @@ def check_training(cli: ASRCLI) -> None:
                           "--checkpoint CKPT data/mini/test.jsonl")
     if trainer.accumulate_grad_batches < 1:
         raise ConfigError(f"trainer.accumulate_grad_batches must be at least 1, got {trainer.accumulate_grad_batches}")
+    data = cli.datamodule.hparams
+    if data.train_shards:
+        try:
+            check_by_steps(trainer, validates=bool(data.val_manifest))
+        except ShardsError as err:
+            raise ConfigError(str(err)) from err
     try:  # the optimizer's own checks (a negative lr, betas outside [0, 1), ...) before the first step
         cli.model.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError) as err:
@@ -367,7 +375,8 @@ def run() -> None:
         print(f"asr.fit: {stop}", file=sys.stderr)
         if stop.signal == "SIGINT":
             sys.exit(130)  # as any command Ctrl-C ended, so that `asr.fit && next` stops there
-    except (ConfigError, ManifestError, AudioError, NonFiniteLossError, CollectiveTimeout, CheckpointWriteError) as err:
+    except (ConfigError, ManifestError, ShardsError, AudioError, NonFiniteLossError, CollectiveTimeout,
+            CheckpointWriteError) as err:
         sys.exit(f"asr.fit: error: {err}")  # the message, no traceback
 
 

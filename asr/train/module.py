@@ -302,7 +302,8 @@ class ASRModule(pl.LightningModule):
             held = frozen(self, self.finetune.freeze)  # (FSDP2 keeps the names; its shards count locally)
             self.print(f"model.finetune: {len(held)} tensors ({sum(p.numel() for p in held):,} parameters) of "
                        f"{', '.join(self.finetune.freeze)} held still until step {self.finetune.freeze_steps}")
-        self.schedule.total = max(1, self.trainer.estimated_stepping_batches)
+        total = self.trainer.estimated_stepping_batches  # -1 for an endless stream bounded by max_time alone
+        self.schedule.total = max(1, total) if total > 0 else math.inf
         # --trainer.max_time: Lightning's Timer stops the run; the cosine reaches its floor by then too
         self.timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer) and c.time_remaining()), None)
         self.schedule.duration = self.timer.time_elapsed() + self.timer.time_remaining() if self.timer else None

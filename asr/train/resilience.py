@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import errno
 import functools
+import math
 import multiprocessing.util  # registers multiprocessing's exit handler before ours (see end_data_workers_at_exit)
 import os
 import re
@@ -119,7 +120,14 @@ class Preemption(pl.Callback):
         self._previous = {}
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Also write ``last.ckpt`` when a run from an endless stream (data.train_shards) stops by max_steps or
+        max_time between checkpoints: its epoch never ends, so no epoch-end checkpoint keeps those steps."""
         self._restore()
+        if trainer is None:
+            return
+        saved = [getattr(cb, "_last_global_step_saved", -1) for cb in trainer.checkpoint_callbacks]
+        if math.isinf(trainer.num_training_batches) and trainer.global_step not in saved:
+            trainer.save_checkpoint(last_checkpoint_path(trainer))  # every rank: FSDP gathers, rank 0 writes
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore()

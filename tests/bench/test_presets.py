@@ -1,6 +1,9 @@
 """asr.bench.presets: every size preset's parameters and FLOPs from its shapes, on the meta device, as the model
 asr.fit builds would count them; the GPU presets' front ends no longer cost as much as their blocks (issue 43)."""
 
+import math
+
+import pytest
 import torch
 
 from asr.bench.presets import main, model_of
@@ -29,3 +32,12 @@ def test_every_preset_has_a_row_and_no_front_end_costs_a_fifth_of_its_model(caps
         assert shares[name] < 0.2, (name, shares[name])
     parameters = {name: float(r[2].rstrip("M").replace(",", "")) for name, r in zip(names, rows[1:])}
     assert parameters["conformer-1b"] > 1000 and parameters["xxl"] > 1000
+
+
+def test_the_audio_a_gpu_trains_on_and_the_workers_that_feed_it_follow_from_the_hours(capsys):
+    main(["--worker_audio_per_second", "500"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    for r in rows[1:]:
+        hours, consumed, workers = float(r[5]), float(r[6].replace(",", "")), int(r[7].strip(" |"))
+        assert consumed == pytest.approx(1000 / hours, rel=0.05)  # 1,000 h of audio in that many GPU-hours
+        assert workers == math.ceil(consumed / 500)

@@ -8,7 +8,7 @@ import torch
 from asr.bench import sections as bench_sections
 
 from asr.bench import steps as bench_steps
-from asr.data.module import Batch
+from asr.data.batch import Batch
 
 
 def test_mfu_is_three_forwards_over_time_and_peak(tokenizer_arg):

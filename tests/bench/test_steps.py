@@ -9,7 +9,7 @@ from asr.bench import steps as bench_steps
 
 from asr.bench.sections import training_batches
 from asr.configs import CONFIGS
-from asr.data.module import Batch
+from asr.data.batch import Batch
 from asr.data.sampler import BucketBatchSampler
 from asr.train import fit
 from tests import MINI

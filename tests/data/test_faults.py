@@ -11,7 +11,7 @@ import soundfile
 import torch
 
 from asr.data.faults import DataFaultError
-from asr.data.module import random_voice
+from asr.data.dataset import random_voice
 from tests import REPO
 from tests.data.test_module import datamodule, validated_epochs
 

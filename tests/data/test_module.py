@@ -11,7 +11,8 @@ import torch
 
 from asr.data.augment import Augmentation
 from asr.data.manifest import ManifestError
-from asr.data.module import ASRDataModule, Batch
+from asr.data.batch import Batch
+from asr.data.module import ASRDataModule
 from asr.data.sampler import split_item
 
 

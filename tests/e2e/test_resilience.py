@@ -13,7 +13,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION
 from tests.faults import signal_at
+from tests.servers import free_port
 
 SMALL = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
          "--model.warmup_steps", "2", "--data.max_batch_seconds", "8"]
@@ -132,12 +132,6 @@ def test_readme_scale_out_commands_finish_with_the_default_bar_and_callbacks(str
     assert "Epoch 0" in result.stdout  # the progress bar was on
     checkpoint = last_checkpoint(tmp_path)
     assert checkpoint["global_step"] == (4 if "--trainer.max_epochs" in end else 2)  # max_steps 2 ends mid-epoch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_torchrun_two_nodes_of_one_process_train_and_leave_one_checkpoint(data, tmp_path):

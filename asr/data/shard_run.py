@@ -1,0 +1,106 @@
+"""Shards in a run (asr.data.shards is how they are read): the DataModule's settings, the tokenizer they carry,
+the ranks' check that they read the same shards, the by-steps rule of a stream, and its training loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from asr.data.dataset import as_collated
+from asr.data.faults import DataFaults
+from asr.data.shards import CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream, StreamLoader
+from asr.tokenizer import Tokenizer
+from asr.train.resilience import end_data_workers_at_exit, init_data_worker
+
+
+def shard_list(train_shards: str | list[str] | None) -> list[str]:
+    """data.train_shards as a list of folders or addresses."""
+    return [] if not train_shards else [train_shards] if isinstance(train_shards, str) else list(train_shards)
+
+
+def check_shard_settings(train_shards: str | list[str] | None, weights: list[float] | None, buffer: int) -> None:
+    """The DataModule's shard settings, checked when it is built (ValueError naming the flag)."""
+    if weights is not None and (len(weights) != len(shard_list(train_shards)) or min(weights) <= 0):
+        raise ValueError(f"data.train_shard_weights must be one positive weight per data.train_shards entry, got "
+                         f"{weights} for {shard_list(train_shards)}")
+    if buffer < 1:
+        raise ValueError(f"data.shard_buffer must be at least 1, got {buffer}")
+
+
+def shards_tokenizer(corpora: list[ShardIndex]) -> Tokenizer:
+    """The tokenizer asr.shard stored with the shards (the same in every corpus mixed), made once, not at start-up."""
+    tokenizers = [corpus.tokenizer() for corpus in corpora]
+    if any(t.serialized != tokenizers[0].serialized for t in tokenizers):
+        raise ShardsError("data.train_shards: the corpora were written with different tokenizers (" + ", ".join(
+            f"{c.root}: {t.vocab_size} pieces" for c, t in zip(corpora, tokenizers)) + "); give the one to train "
+            "with as --data.tokenizer_model, or write the shards with python -m asr.shard --tokenizer_model")
+    return tokenizers[0]
+
+
+def check_partition(read: Callable[[], list[ShardIndex]], trainer) -> None:
+    """Read the indexes (``read()``), say what the run reads, and check that every rank reads the same shards: the
+    ranks gather their index digests (one all_gather_object), never each other's files. A rank that cannot read
+    its index still enters the gather, so that every rank stops with its message instead of waiting for it."""
+    from pytorch_lightning.utilities import rank_zero_info
+
+    try:
+        corpora, mine = read(), None
+        mine = [corpus.digest for corpus in corpora]
+    except ShardsError as err:
+        corpora, mine = [], str(err)
+    if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
+        gathered: list = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, mine)
+        failed = [f"rank {rank}: {theirs}" for rank, theirs in enumerate(gathered) if isinstance(theirs, str)]
+        if failed:
+            raise ShardsError("; ".join(failed))
+        if any(theirs != mine for theirs in gathered):
+            raise ShardsError("data.train_shards: the ranks read different shard indexes (digests by rank: " +
+                              "; ".join(f"{rank}: {', '.join(d)}" for rank, d in enumerate(gathered)) +
+                              "); every rank must see the same folders or addresses")
+    if isinstance(mine, str):
+        raise ShardsError(mine)
+    for corpus, digest in zip(corpora, mine):
+        rank_zero_info(f"data.train_shards {corpus.root}: {len(corpus.shards)} shards, {corpus.utterances} utterances, "
+                       f"{corpus.seconds / 3600:.2f} h at {corpus.data['sample_rate']} Hz (index {digest}); "
+                       "only the index was read at start-up")
+
+
+def check_by_steps(trainer, validates: bool) -> None:
+    """A stream has no end and no epochs: the run must be bounded by steps or time, and validate by steps."""
+    from pytorch_lightning.callbacks import Timer
+
+    if trainer.max_steps < 0 and not any(isinstance(callback, Timer) for callback in trainer.callbacks):
+        raise ShardsError("data.train_shards streams without end: set --trainer.max_steps (or --trainer.max_time)")
+    if validates and not isinstance(trainer.val_check_interval, int):
+        raise ShardsError("data.train_shards streams without epochs: set --trainer.val_check_interval to a number of "
+                          "steps (validation on data.val_manifest every that many)")
+
+
+def stream_loader(data) -> StreamLoader:
+    """The training loader of an ``ASRDataModule`` (``data``) with data.train_shards: one ``ShardStream`` per rank,
+    its data workers each reading their own shards."""
+    from pytorch_lightning.utilities import rank_zero_info
+
+    hp, trainer = data.hparams, data.trainer
+    world, rank, start = (trainer.world_size, trainer.global_rank, trainer.global_step) if trainer else (1, 0, 0)
+    workers = data.workers
+    for corpus in data.corpora:  # before any worker starts: one message, not one per worker
+        EndlessShards(corpus.shards, 0, world, 0, max(1, workers), "", corpus.root)
+    weights = hp.train_shard_weights or [1.0] * len(data.corpora)
+    batcher = CutBatcher(data.tokenizer, hp.sample_rate, tuple(hp.speed_perturb), data.augmentation, data.unusable)
+    stream = ShardStream(data.corpora, weights, batcher, hp.max_batch_seconds, hp.seed, rank, world, hp.shard_buffer,
+                         start)
+    if start:
+        rank_zero_info(f"data.train_shards: resumed at step {start}; the shards' order and buckets are drawn anew "
+                       f"from (seed {hp.seed}, step {start}): nothing is read again to get back to where it stopped")
+    if workers:
+        end_data_workers_at_exit()
+    loader = StreamLoader(stream, batch_size=None, collate_fn=as_collated, num_workers=workers, persistent_workers=workers > 0,
+                          pin_memory=data.on_gpu, worker_init_fn=partial(init_data_worker, rank=rank))
+    size = sum(corpus.utterances for corpus in data.corpora)
+    loader.faults = data.faults.setdefault(
+        "train", DataFaults("train", size, hp.max_dropped_share, trainer, data.bad_lines_file))
+    return loader

@@ -1,0 +1,339 @@
+"""Training audio streamed from Lhotse Shar shards (written by ``python -m asr.shard``), for corpora of any size.
+
+A shard folder (local, ``https://`` or ``s3://``) holds ``cuts.NNNNNN.jsonl.gz`` and ``recording.NNNNNN.tar`` pairs,
+``tokenizer.model`` and ``index.json`` (``ShardIndex``): the shards' names, utterance counts and seconds, and the
+corpus' durations. Start-up reads the index and nothing else, so it takes as long for 10,000 hours as for 10
+minutes; every file was checked when the shards were written.
+
+Each training process (rank) and each of its data workers reads its own shards: the shards are shuffled from
+(seed, pass), rank r of R takes every R-th from r on, and its worker w of W every W-th of those, pass after pass,
+endlessly (``EndlessShards``); ranks check that they read the same index by its digest, not by opening files.
+Lhotse's ``DynamicBucketingSampler`` in each worker buffers ``data.shard_buffer`` cuts, groups them into duration
+buckets (from the index, so nothing is read to estimate them) and yields batches of up to ``max_batch_seconds``;
+``CutBatcher`` turns them into asr's ``Batch`` with the same speed perturbation, augmentation and tokens as the
+manifest path. Memory per worker is bounded by the buffer, not the corpus.
+
+Training is by steps (``trainer.max_steps`` or ``max_time``, validation every ``val_check_interval`` steps): the
+stream has no end, so ranks with unequal shares never wait for each other. A resumed run does not replay what it
+read: it re-seeds the shard order and the buckets from (seed, the step it resumes at), as NeMo does for Lhotse
+streams. Resume is therefore statistical, not exact: each pass still reads every shard once, and the order is new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import random
+import time
+import zlib
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import soundfile
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from asr.audio import AudioError, check_finite, resample
+from asr.data import manifest as mf
+from asr.data.augment import Augmentation, Augmenter
+from asr.data.batch import Batch, collate
+from asr.data.faults import DataFaults
+from asr.tokenizer import Tokenizer
+
+INDEX = "index.json"  # written last by asr.shard: a folder without it is unfinished
+TOKENIZER = "tokenizer.model"
+BUCKETS = 30  # duration buckets of lhotse's DynamicBucketingSampler (its default is 10; more: less padding)
+SHARD_TRIES = 3  # reads of a shard before the rest of it is given up (named and counted)
+VOICES_KEPT = 32  # recent utterances a worker keeps as babble voices and as a stand-in for a batch that failed whole
+
+
+class ShardsError(ValueError):
+    """Shards that cannot be read or do not fit the run: the message names the flag and the address."""
+
+
+def join(root: str, name: str) -> str:
+    """``name`` in the folder or URL prefix ``root``."""
+    return f"{root.rstrip('/')}/{name}"
+
+
+def read_bytes(address: str, flag: str) -> bytes:
+    """The whole file at a path or URL (lhotse's open_best: smart_open for https:// and s3://)."""
+    from lhotse.serialization import open_best
+
+    try:
+        with open_best(address, "rb") as f:
+            return f.read()
+    except Exception as err:  # noqa: BLE001 - OSError, botocore's and requests' errors alike: say which file
+        raise ShardsError(f"{flag}: cannot read {address} ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+                          ) from err
+
+
+def equal_duration_bins(durations: list[float], buckets: int = BUCKETS, weights: list[float] | None = None
+                        ) -> list[float]:
+    """Bucket edges (at most ``buckets - 1`` increasing seconds) that give each bucket about the same total audio
+    (each duration counted ``weights`` times): lhotse's DynamicBucketingSampler then fills batches of similar
+    lengths."""
+    pairs = sorted(zip(durations, weights or [1.0] * len(durations)))
+    total, edges, running = sum(d * w for d, w in pairs), [], 0.0
+    for duration, weight in pairs:
+        running += duration * weight
+        if len(edges) < buckets - 1 and running >= total * (len(edges) + 1) / buckets and \
+                (not edges or duration > edges[-1]):
+            edges.append(duration)
+    return edges
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A shard folder's ``index.json``: see asr.tools.shard for what it holds."""
+
+    root: str
+    data: dict
+    FORMAT = 1
+
+    @classmethod
+    def read(cls, root: str, flag: str) -> "ShardIndex":
+        try:
+            data = json.loads(read_bytes(join(root, INDEX), flag))
+        except json.JSONDecodeError as err:
+            raise ShardsError(f"{flag}: {join(root, INDEX)} is not JSON ({err})") from err
+        except ShardsError as err:
+            if Path(root).is_dir():  # a local folder without an index: asr.shard did not finish
+                raise ShardsError(f"{flag}: {root} has no {INDEX}: not a shard folder, or python -m asr.shard "
+                                  "did not finish writing it") from err
+            raise
+        if data.get("format") != cls.FORMAT or not data.get("shards"):
+            raise ShardsError(f"{flag}: {join(root, INDEX)} is not an index of asr.shard (format {cls.FORMAT})")
+        return cls(root, data)
+
+    @property
+    def shards(self) -> list[dict[str, str]]:
+        """Each shard's ``cuts`` and ``recording`` addresses, in the index' order."""
+        return [{"cuts": join(self.root, s["cuts"]), "recording": join(self.root, s["recording"]),
+                 "utterances": s["utterances"]} for s in self.data["shards"]]
+
+    @property
+    def utterances(self) -> int:
+        return self.data["utterances"]
+
+    @property
+    def seconds(self) -> float:
+        return self.data["seconds"]
+
+    @property
+    def digest(self) -> str:
+        """What the ranks compare: the shards' names and sizes, whatever folder or URL holds them."""
+        listed = [(s["cuts"], s["recording"], s["utterances"]) for s in self.data["shards"]]
+        return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
+
+    def tokenizer(self, flag: str = "data.train_shards") -> Tokenizer:
+        return Tokenizer(read_bytes(join(self.root, self.data["tokenizer"]), flag))
+
+
+def mixed_bins(corpora: list[ShardIndex], weights: list[float]) -> list[float]:
+    """Bucket edges for a mixture: each corpus' stored durations, in proportion to its weight."""
+    if len(corpora) == 1:
+        return corpora[0].data["duration_bins"]
+    durations = [d for c in corpora for d in c.data["durations"]]
+    shares = [w / len(c.data["durations"]) for c, w in zip(corpora, weights) for _ in c.data["durations"]]
+    return equal_duration_bins(durations, BUCKETS, shares)
+
+
+class EndlessShards:
+    """The cuts of one reader's shards, pass after pass: each pass shuffles all shards from (seed, pass); rank
+    ``rank`` of ``world`` takes every ``world``-th from ``rank`` on, and its worker ``worker`` of ``workers`` every
+    ``workers``-th of those (two levels, so ranks with different worker counts still split the corpus). lhotse's
+    LazySharIterator reads each shard's tar as a stream (``read_shard``)."""
+
+    def __init__(self, shards: list[dict], rank: int, world: int, worker: int, workers: int, seed: str,
+                 name: str = "data.train_shards"):
+        if len(shards) < world * workers:
+            raise ShardsError(f"{name}: {len(shards)} shards for {world * workers} readers ({world} ranks x {workers} "
+                              "data workers): write smaller shards (python -m asr.shard --shard_size) or use fewer "
+                              "data.num_workers")
+        self.shards, self.seed = shards, seed
+        self.rank, self.world, self.worker, self.workers = rank, world, worker, workers
+
+    def passes(self):
+        for number in itertools.count():
+            order = list(self.shards)
+            random.Random(f"{self.seed}-pass{number}").shuffle(order)
+            yield order[self.rank::self.world][self.worker::self.workers]
+
+    def __iter__(self):
+        for mine in self.passes():
+            for shard in mine:
+                yield from read_shard(shard)
+
+
+def read_shard(shard: dict, tries: int = SHARD_TRIES):
+    """One shard's cuts (lhotse's LazySharIterator streams its tar). A read that fails (the network, a corrupt or cut
+    tar) is tried again from where it stopped, after 1, 2, ... s; after ``tries`` the rest of the shard is given up
+    and one cut without audio names it and the utterances lost, so that they are counted (asr.data.faults) instead
+    of the run dying in a data worker. A tar that ends early at a file boundary reads without an error: the
+    count the index holds tells."""
+    from lhotse import MonoCut
+    from lhotse.shar import LazySharIterator
+
+    done, expected = 0, shard.get("utterances", 0)
+    for attempt in range(1, tries + 1):
+        try:
+            fields = {"cuts": [shard["cuts"]], "recording": [shard["recording"]]}
+            for number, cut in enumerate(LazySharIterator(fields=fields)):
+                if number >= done:
+                    done += 1
+                    yield cut
+            if done >= expected:
+                return
+            failure = f"it ended after {done} of the index' {expected} utterances"
+        except Exception as err:  # noqa: BLE001 - tarfile's, gzip's, smart_open's and botocore's errors alike
+            failure = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        if attempt < tries:
+            time.sleep(attempt)
+    lost = max(1, expected - done)
+    yield MonoCut(id=f"unreadable-{zlib.crc32(shard['recording'].encode())}", start=0.0, duration=0.0, channel=0,
+                  custom={"source": shard["recording"], "lost": lost,
+                          "problem": f"shard unreadable after {tries} tries, its last {lost} utterances skipped: "
+                                     f"{failure}"})
+
+
+def decode(cut) -> tuple[torch.Tensor, int]:
+    """A Shar cut's audio (FLAC bytes in memory): (n,) float32 mono, and its rate."""
+    samples, rate = soundfile.read(io.BytesIO(cut.recording.sources[0].source), dtype="float32", always_2d=True)
+    wave = torch.from_numpy(samples.mean(axis=1))
+    check_finite(wave, "audio")
+    return wave, rate
+
+
+class CutBatcher:
+    """Cuts -> asr's ``Batch``, in two steps. ``prepare`` (before lhotse's sampler) tokenises a cut and draws its
+    speed from ``speeds`` (the fastest its transcript fits at, at most the drawn one; ``unusable(utt, ids, speed)``
+    is asr.data.module's check), and gives the cut its duration at that speed, so that buckets hold utterances of
+    similar played length (as asr.data.sampler draws speeds before sorting). ``__call__`` (on the sampler's
+    batches) decodes, plays at that speed and augments. A cut that cannot be used is dropped from its batch and
+    named in ``Batch.dropped`` (asr.data.faults counts it), never lost silently."""
+
+    def __init__(self, tokenizer: Tokenizer, sample_rate: int, speeds: tuple[float, ...],
+                 augmentation: Augmentation, unusable: Callable[[mf.Utterance, list[int], float], mf.Problem | None]):
+        self.tokenizer, self.sample_rate, self.speeds = tokenizer, sample_rate, sorted(speeds)
+        self.unusable, self.fastest = unusable, augmentation.fastest  # tempo may play it faster still
+        self.pending: list[tuple[str, int]] = []  # (fault, utterances it stands for) not yet in a batch
+        self.recent: deque[tuple[torch.Tensor, list[int], str]] = deque(maxlen=VOICES_KEPT)
+        self.augmenter = Augmenter(augmentation, sample_rate, self.voice) if augmentation.on else None
+
+    def voice(self, generator: torch.Generator) -> torch.Tensor:
+        return self.recent[int(torch.randint(len(self.recent), (), generator=generator))][0]
+
+    def prepare(self, cut):
+        from lhotse.utils import fastcopy
+
+        if "problem" in (cut.custom or {}):  # read_shard's mark of a shard it gave up
+            return cut
+        source = (cut.custom or {}).get("source", cut.id)
+        text = cut.supervisions[0].text if cut.supervisions else ""
+        utt = mf.Utterance(Path(source), cut.duration, text, source=source)
+        ids = self.tokenizer.encode(text)
+        drawn = self.speeds[int(torch.randint(len(self.speeds), ()))]
+        problem = None
+        for speed in sorted((s for s in self.speeds if s <= drawn), reverse=True):
+            problem = self.unusable(utt, ids, speed * self.fastest)
+            if problem is None:
+                custom = {"source": source, "text": text, "ids": ids, "speed": speed}
+                return fastcopy(cut, duration=cut.duration / speed, custom=custom)
+        return fastcopy(cut, custom={"source": source, "problem": f"{problem.kind}: {problem.detail}"})
+
+    def usable(self, cut) -> bool:
+        """Whether a prepared cut goes on to the sampler; one that does not is named in the next batch's ``dropped``
+        (with how many utterances it stands for), so it never fills a bucket nor a batch of its own."""
+        told = cut.custom
+        if "problem" in told:
+            self.pending.append((f"{told['source']}: {told['problem']}", told.get("lost", 1)))
+            return False
+        return True
+
+    def __call__(self, cuts) -> Batch:
+        audio, tokens, texts, dropped = [], [], [], []
+        faults, self.pending = self.pending, []
+        for cut in cuts:
+            told = cut.custom
+            try:
+                wave, rate = decode(cut)
+            except (AudioError, soundfile.LibsndfileError, RuntimeError) as err:
+                dropped.append(f"{told['source']}: {err}")
+                continue
+            wave = resample(wave, rate, self.sample_rate)
+            self.recent.append((wave, told["ids"], told["text"]))
+            wave = resample(wave, round(self.sample_rate * told["speed"]), self.sample_rate)
+            speech = True
+            if self.augmenter:
+                wave, speech = self.augmenter.augment(wave)
+            audio.append(wave)
+            tokens.append(torch.tensor(told["ids"] if speech else [], dtype=torch.long))
+            texts.append(told["text"] if speech else "")
+        if not audio and self.recent:  # every rank must step: the last good utterance stands in
+            wave, ids, text = self.recent[-1]
+            audio, tokens, texts = [wave], [torch.tensor(ids, dtype=torch.long)], [text]
+        if not audio:
+            raise AudioError("no utterance of the first batch from the shards could be used:\n  " + "\n  ".join(dropped))
+        faults += [(fault, 1) for fault in dropped]
+        return collate(audio, tokens, texts)._replace(dropped=tuple(f for f, _ in faults),
+                                                      lost=tuple(n for _, n in faults))
+
+
+class ShardStream(IterableDataset):
+    """Endless training batches from the shards of ``corpora`` (mixed by ``weights``) for rank ``rank`` of
+    ``world``: see the module's doc. ``start`` (the step the run starts at) re-seeds a resumed run."""
+
+    def __init__(self, corpora: list[ShardIndex], weights: list[float], batcher: CutBatcher, max_batch_seconds: float,
+                 seed: int, rank: int, world: int, buffer: int, start: int = 0):
+        self.corpora, self.weights, self.batcher = corpora, weights, batcher
+        self.max_batch_seconds, self.buffer = max_batch_seconds, buffer
+        self.seed, self.rank, self.world, self.start = seed, rank, world, start
+
+    def cuts(self, worker: int, workers: int):
+        from lhotse import CutSet
+
+        seed = f"{self.seed}-{self.start}"
+        streams = [CutSet(EndlessShards(c.shards, self.rank, self.world, worker, workers, f"{seed}-{i}", c.root))
+                   for i, c in enumerate(self.corpora)]
+        cuts = streams[0] if len(streams) == 1 else CutSet.mux(
+            *streams, weights=self.weights, seed=zlib.crc32(f"{seed}-{self.rank}-{worker}-mux".encode()))
+        return cuts.map(self.batcher.prepare).filter(self.batcher.usable)
+
+    def __iter__(self):
+        from lhotse.dataset import DynamicBucketingSampler
+
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        sampler = DynamicBucketingSampler(
+            self.cuts(worker, workers), max_duration=self.max_batch_seconds, shuffle=True,
+            duration_bins=mixed_bins(self.corpora, self.weights), buffer_size=self.buffer,
+            seed=zlib.crc32(f"{self.seed}-{self.start}-{self.rank}-{worker}".encode()),
+            world_size=1, rank=0)
+        for cuts in sampler:
+            yield self.batcher(cuts)
+
+
+class StreamLoader(DataLoader):
+    """The DataLoader of a ``ShardStream``. Each batch's dropped utterances are counted in ``faults``, each source
+    once in the whole run (a stream passes over its bad ones again and again), as many as each stands for (a shard
+    given up counts its lost utterances): the share is of the corpus, over the run."""
+
+    faults: DataFaults | None = None
+
+    def __iter__(self):
+        seen: set[str] = set()
+        if self.faults:
+            self.faults.start_pass()
+        for batch in super().__iter__():
+            if self.faults:
+                new = [(fault, count) for fault, count in zip(batch.dropped, batch.lost or (1,) * len(batch.dropped))
+                       if fault.split(": ", 1)[0] not in seen]
+                seen.update(fault.split(": ", 1)[0] for fault, _ in new)
+                self.faults.record(tuple(f for f, _ in new), sum(c for _, c in new))  # every batch: a collective
+            yield batch

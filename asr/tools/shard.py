@@ -1,0 +1,179 @@
+"""``python -m asr.shard OUT MANIFEST...`` (also ``asr shard``): JSON-lines manifests -> Lhotse Shar shards.
+
+Every line's audio is read once, here, offline: mixed to mono, checked (readable, finite, as long as its line says),
+resampled to ``--sample_rate`` and written as FLAC into ``recording.NNNNNN.tar`` beside its cut in
+``cuts.NNNNNN.jsonl.gz`` (Lhotse's Shar layout: ``lhotse.CutSet.from_shar(fields=...)`` reads them with the
+lists from the index; ``in_dir=`` would take index.json for a field), ``--shard_size``
+utterances a shard, ``--jobs`` shards at a time. Bad lines follow training's rule (``--on_bad_line``,
+``--max_dropped_share``) and are listed in ``OUT/bad_lines.txt``. The tokenizer is trained once on the
+manifests' texts, before any audio is read (``OUT/tokenizer.model``) and ``OUT/index.json`` is written last (asr.data.shards.ShardIndex): a
+folder without it is unfinished, and training refuses it. Training reads the shards with ``--data.train_shards OUT``
+(a folder, or the same files at an ``https://`` or ``s3://`` address) and opens no other file at start-up.
+
+    python -m asr.shard shards/train data/mini/train.jsonl --shard_size 100
+    python -m asr.fit --data.train_shards shards/train --trainer.max_steps 2000 --trainer.val_check_interval 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import random
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import soundfile
+import torch
+
+from asr.atomic import write_atomically
+from asr.audio import AudioError, check_finite, load_audio, resample
+from asr.data import manifest as mf
+from asr.data.module import BAD_LINES_FILE
+from asr.data.shards import BUCKETS, INDEX, TOKENIZER, ShardIndex, equal_duration_bins
+from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, MODEL_TYPES, Tokenizer
+
+QUANTILES = 200  # durations kept in the index, so that mixtures of corpora get buckets without reading cuts
+
+
+class ShardError(ValueError):
+    """A shard folder that cannot be written: the message names the flag or file."""
+
+
+def cut_line(cut_id: str, seconds: float, sample_rate: int, samples: int, text: str, source: str) -> dict:
+    """One line of ``cuts.NNNNNN.jsonl.gz``: a Lhotse MonoCut whose recording is the tar's next FLAC file."""
+    recording = {"id": cut_id, "sources": [{"type": "shar", "channels": [0], "source": ""}],
+                 "sampling_rate": sample_rate, "num_samples": samples, "duration": seconds, "channel_ids": [0]}
+    supervision = {"id": cut_id, "recording_id": cut_id, "start": 0.0, "duration": seconds, "channel": 0,
+                   "text": text}
+    return {"id": cut_id, "start": 0.0, "duration": seconds, "channel": 0, "supervisions": [supervision],
+            "recording": recording, "custom": {"source": source}, "type": "MonoCut"}
+
+
+def read_checked(utt: mf.Utterance, sample_rate: int) -> torch.Tensor:
+    """The utterance's audio at ``sample_rate``; AudioError naming its line if unreadable, not finite or short."""
+    try:
+        samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+        check_finite(samples, str(utt.audio_filepath))
+    except AudioError as err:
+        raise AudioError(f"{utt.source}: {err}") from err
+    if mf.shorter_than_said(len(samples) / rate, utt.duration):
+        raise AudioError(f"{utt.source}: {utt.audio_filepath} holds {len(samples) / rate:.3f} s, the line says "
+                         f"{utt.duration:g} s")
+    return resample(torch.from_numpy(samples), rate, sample_rate)
+
+
+def write_shard(folder: Path, number: int, utterances: list[mf.Utterance], sample_rate: int) -> dict:
+    """Write shard ``number`` (its tar, then its cuts, each whole or not at all); returns its index entry, with
+    the problems met and the durations written."""
+    from lhotse.shar.writers.tar import TarWriter  # lhotse is imported only where shards are made or read
+
+    names = {"cuts": f"cuts.{number:06d}.jsonl.gz", "recording": f"recording.{number:06d}.tar"}
+    problems, lines, durations = [], [], []
+    with write_atomically(folder / names["recording"]) as tar_path:
+        with TarWriter(str(tar_path), shard_size=None) as tar:
+            for i, utt in enumerate(utterances):
+                try:
+                    wave = read_checked(utt, sample_rate)
+                except AudioError as err:
+                    problems.append(mf.Problem(utt.source, "unusable audio", str(err).split(": ", 1)[-1]))
+                    continue
+                cut_id, flac = f"{number:06d}-{i:06d}", io.BytesIO()
+                soundfile.write(flac, wave.numpy(), sample_rate, format="FLAC")
+                line = cut_line(cut_id, len(wave) / sample_rate, sample_rate, len(wave), utt.text, utt.source)
+                tar.write(f"{cut_id}.flac", io.BytesIO(flac.getvalue()))
+                tar.write(f"{cut_id}.json", io.BytesIO(json.dumps(line["recording"]).encode()), count=False)
+                lines.append(line)
+                durations.append(line["duration"])
+    with write_atomically(folder / names["cuts"]) as cuts_path, gzip.open(cuts_path, "wt") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    return {**names, "utterances": len(lines), "seconds": round(sum(durations), 3), "problems": problems,
+            "durations": durations}
+
+
+def make_tokenizer(texts: list[str], model_type: str, vocab_size: int, given: str | None) -> Tokenizer:
+    """The shards' tokenizer, made before any audio is read: ``given`` (--tokenizer_model), or one trained on the
+    manifests' texts; ShardError naming the flag if it cannot be."""
+    try:
+        return Tokenizer.load(given) if given else Tokenizer.train(texts, model_type, vocab_size)
+    except (OSError, ValueError, RuntimeError) as err:  # missing, not a model, or sentencepiece's trainer refusing
+        flag = f"--tokenizer_model {given}" if given else f"--tokenizer_vocab_size {vocab_size} ({model_type})"
+        raise ShardError(f"{flag}: {' '.join(str(err).split())[:200]}") from err
+
+
+def shard(folder: Path, manifests: list[str], shard_size: int = 1000, sample_rate: int = 16000, jobs: int = 1,
+          seed: int = 0, tokenizer_type: str = DEFAULT_MODEL_TYPE, tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE,
+          tokenizer_model: str | None = None, on_bad_line: str = "skip", max_dropped_share: float = 0.01) -> ShardIndex:
+    """Write the shards, the tokenizer and the index of ``manifests`` into ``folder`` (see the module's doc)."""
+    if (folder / INDEX).exists():
+        raise ShardError(f"{folder} already holds shards ({INDEX}); write them elsewhere or remove it first")
+    folder.mkdir(parents=True, exist_ok=True)
+    utterances, problems = [], []
+    for path in manifests:
+        try:
+            good, bad = mf.parse_manifest(path)
+        except OSError as err:
+            raise ShardError(f"manifest {path}: {err}") from err
+        utterances += good
+        problems += bad
+    tokenizer = make_tokenizer([u.text for u in utterances], tokenizer_type, tokenizer_vocab_size, tokenizer_model)
+    random.Random(seed).shuffle(utterances)  # each shard a sample of the whole: speakers and lengths mixed
+    chunks = [utterances[i:i + shard_size] for i in range(0, len(utterances), shard_size)]
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        written = list(pool.map(write_shard, [folder] * len(chunks), range(len(chunks)), chunks,
+                                [sample_rate] * len(chunks)))
+    lines = len(utterances) + len(problems)
+    problems += [p for entry in written for p in entry.pop("problems")]
+    listing = folder / BAD_LINES_FILE
+    listing.unlink(missing_ok=True)
+    mf.report(problems, ", ".join(manifests), lines, on_bad_line, max_dropped_share, listing)
+    durations = sorted(d for entry in written for d in entry.pop("durations"))
+    if not durations:
+        raise ShardError(f"{', '.join(manifests)}: no usable utterance to write")
+    tokenizer.save(folder / TOKENIZER)
+    index = {"format": ShardIndex.FORMAT, "sample_rate": sample_rate, "utterances": len(durations),
+             "seconds": round(sum(durations), 3), "tokenizer": TOKENIZER, "made_from": list(manifests),
+             "duration_bins": equal_duration_bins(durations, BUCKETS),
+             "durations": [durations[round(q * (len(durations) - 1) / (QUANTILES - 1))] for q in range(QUANTILES)],
+             "shards": [entry for entry in written if entry["utterances"]]}
+    with write_atomically(folder / INDEX) as path:
+        path.write_text(json.dumps(index, indent=1) + "\n")
+    return ShardIndex(str(folder), index)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m asr.shard", description=__doc__.split("\n\n")[0])
+    parser.add_argument("output", help="the folder to write the shards, tokenizer.model and index.json into")
+    parser.add_argument("manifests", nargs="+", help="JSON-lines manifests (asr.data.manifest), written together")
+    parser.add_argument("--shard_size", type=int, default=1000, help="utterances per shard (1000 of 10 s: ~300 MB)")
+    parser.add_argument("--sample_rate", type=int, default=16000, help="Hz the audio is stored at (the model's)")
+    parser.add_argument("--jobs", type=int, default=1, help="shards written at a time (processes)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle that spreads lines over shards")
+    parser.add_argument("--tokenizer_type", choices=MODEL_TYPES, default=DEFAULT_MODEL_TYPE)
+    parser.add_argument("--tokenizer_vocab_size", type=int, default=DEFAULT_VOCAB_SIZE)
+    parser.add_argument("--tokenizer_model", help="store this tokenizer (.model or checkpoint) instead of training one")
+    parser.add_argument("--on_bad_line", choices=mf.BAD_LINE_POLICIES, default="skip")
+    parser.add_argument("--max_dropped_share", type=float, default=0.01)
+    args = parser.parse_args(argv)
+    if args.shard_size < 1 or args.jobs < 1 or args.sample_rate < 1:
+        parser.error("--shard_size, --jobs and --sample_rate must be positive")
+    try:
+        index = shard(Path(args.output), args.manifests, args.shard_size, args.sample_rate, args.jobs, args.seed,
+                      args.tokenizer_type, args.tokenizer_vocab_size, args.tokenizer_model, args.on_bad_line,
+                      args.max_dropped_share)
+    except (ShardError, mf.ManifestError, OSError) as err:
+        sys.exit(f"{parser.prog}: error: {err}")
+    print(f"{args.output}: {index.utterances} utterances, {index.seconds / 3600:.2f} h in {len(index.shards)} shards, "
+          f"tokenizer of {index.tokenizer().vocab_size} pieces")
+
+
+def run() -> None:
+    """The command, as ``asr shard`` and ``python -m asr.shard`` run it (see asr.__main__)."""
+    main()
+
+
+if __name__ == "__main__":
+    run()

@@ -38,7 +38,7 @@ import soundfile
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from asr.audio import AudioError, check_finite, resample
+from asr.audio import AudioError, check_finite, read_mono, resample
 from asr.data import manifest as mf
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.batch import Batch, collate
@@ -204,8 +204,8 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
 
 def decode(cut) -> tuple[torch.Tensor, int]:
     """A Shar cut's audio (FLAC bytes in memory): (n,) float32 mono, and its rate."""
-    samples, rate = soundfile.read(io.BytesIO(cut.recording.sources[0].source), dtype="float32", always_2d=True)
-    wave = torch.from_numpy(samples.mean(axis=1))
+    with soundfile.SoundFile(io.BytesIO(cut.recording.sources[0].source)) as f:
+        wave, rate = torch.from_numpy(read_mono(f, 0, -1)), f.samplerate  # mixed to mono as asr.audio reads files
     check_finite(wave, "audio")
     return wave, rate
 

@@ -129,6 +129,11 @@ class FeatureConfig:
             0.30-0.63 without), but lost on long files with loud tones between words, and 15 on other voices
             (docs/benchmarks.md, 2026-11-26 night and late morning): off by default; 30 for recordings with long
             silences and no tones.
+        quiet_db: > 0: the frames within this many dB of the utterance's quietest ones (``quiet_frames``: digital
+            silence, dither or a noise floor around and between the words) are left out of the mean and variance;
+            0 = none. Unlike ``stats_db`` a loud tone does not move the line. 6 (the demo recipe's) kept WER at
+            0.14-0.16 with 0.5-4 s of silence around speech, where counting it gave 0.19-0.63, and did not lose
+            ``stats_db``'s ground on tones between words (docs/benchmarks.md, 2026-11-26 night, second entry).
     """
 
     sample_rate: int = 16000
@@ -137,6 +142,7 @@ class FeatureConfig:
     norm: FeatureNorm = "bin"
     var_floor: float = 4.0
     stats_db: float = 0.0
+    quiet_db: float = 0.0
 
     def __post_init__(self):
         if self.sample_rate < 4000:
@@ -151,6 +157,8 @@ class FeatureConfig:
             raise ValueError(f"model.features.var_floor must be >= 0, got {self.var_floor}")
         if self.stats_db < 0:
             raise ValueError(f"model.features.stats_db must be >= 0 dB (0 = every frame), got {self.stats_db}")
+        if self.quiet_db < 0:
+            raise ValueError(f"model.features.quiet_db must be >= 0 dB (0 = every frame), got {self.quiet_db}")
 
     @property
     def mel(self) -> bool:
@@ -215,7 +223,7 @@ class FeatureExtractor(nn.Module):
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         with torch.autocast(device_type=audio.device.type, enabled=False):
-            audio = audio.float()
+            audio, width = audio.float(), audio.shape[1]
             positions = torch.arange(audio.shape[1], device=audio.device)
             audio = audio * (positions[None, :] < lengths[:, None])  # zero whatever collate padded with
             # a window past the end, so that even audio shorter than one window gives torch.stft a frame
@@ -230,17 +238,19 @@ class FeatureExtractor(nn.Module):
                 power = power @ self.fbanks.float()  # (B, T', mels)
             feats = torch.log(power + LOG_FLOOR)
             frame_lengths = num_frames(lengths, cfg.sample_rate)
-            if not torch.compiler.is_exporting():  # a tensor's value: torch.export (asr.export) cannot keep it
-                feats = feats[:, : int(frame_lengths.max())]  # (B, T, F); wider only if padded past the longest
-            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db)
+            # (B, T, F): T from the width, the longest utterance's unless padded past it, not from frame_lengths'
+            # values, which the host would wait for the device to read (a sync every step on a GPU)
+            feats = feats[:, : num_frames(width, cfg.sample_rate)]
+            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db, cfg.quiet_db)
             return feats, frame_lengths
 
 
 def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0,
-              range_db: float = 0.0) -> torch.Tensor:
+              range_db: float = 0.0, quiet_db: float = 0.0) -> torch.Tensor:
     """Per utterance: each bin to zero mean, then to unit variance, each bin by its own or, ``shared``, all bins
     by their mean variance, but never by less than ``floor``; the statistics over the first ``lengths`` frames,
-    or, ``range_db`` > 0, over those of them (``loud_frames``) within ``range_db`` of the loud ones; padding -> 0.
+    or, ``range_db`` > 0, over those of them (``loud_frames``) within ``range_db`` of the loud ones, and, ``quiet_db``
+    > 0, not over those (``quiet_frames``) within ``quiet_db`` of the quiet ones; padding -> 0.
 
     Shared keeps the bins' relative scale: a band with no signal (above 4 kHz in 8 kHz audio resampled to
     16 kHz) stays near 0, where a bin's own variance would blow its residue up to the scale of speech.
@@ -254,6 +264,8 @@ def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, 
     """
     mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
     counted = loud_frames(feats, lengths, range_db) & mask if range_db > 0 else mask
+    if quiet_db > 0:
+        counted = counted & ~quiet_frames(feats, lengths, quiet_db)
     count = counted.sum(1, keepdim=True).clamp(min=1).to(feats.dtype)  # (B, 1, 1)
     mean = (feats * counted).sum(1, keepdim=True) / count
     var = ((feats - mean).pow(2) * counted).sum(1, keepdim=True) / count  # (B, 1, F)
@@ -270,6 +282,18 @@ def loud_frames(feats: torch.Tensor, lengths: torch.Tensor, range_db: float) -> 
     smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
     loud = smooth.masked_fill(~valid, float("-inf")).amax(1, keepdim=True)  # (B, 1)
     return (energy >= loud - range_db / DB_PER_NEPER).unsqueeze(-1)
+
+
+def quiet_frames(feats: torch.Tensor, lengths: torch.Tensor, range_db: float) -> torch.Tensor:
+    """(B, T, 1): the frames whose energy is within ``range_db`` of the utterance's quietest LOUD_FRAMES in a
+    row; none where that would be every frame (an utterance of one level: noise or silence alone)."""
+    valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]  # (B, T)
+    energy = feats.float().logsumexp(2) - math.log(feats.shape[2])
+    smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
+    quiet = smooth.masked_fill(~valid, float("inf")).amin(1, keepdim=True)  # (B, 1)
+    out = (energy < quiet + range_db / DB_PER_NEPER) & valid
+    out &= ~(out.sum(1, keepdim=True) == valid.sum(1, keepdim=True))  # all quiet: count them all
+    return out.unsqueeze(-1)
 
 
 @dataclass(frozen=True)
@@ -357,7 +381,9 @@ class SpecAugment(nn.Module):
     def warp(self, feats: torch.Tensor, factors: torch.Tensor, jitters: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, F) features, (B,) warp factors, (B, K) knot factors or None -> (B, T, F): each bin interpolated at
         its ``source_hz``."""
-        hz = self.bin_hz.to(feats.device)  # (F,) ascending
+        if self.bin_hz.device != feats.device:  # moved once: a copy from the host each step would wait for the device
+            self.bin_hz, self.jitter_knots = self.bin_hz.to(feats.device), self.jitter_knots.to(feats.device)
+        hz = self.bin_hz  # (F,) ascending
         jitters = None if jitters is None else jitters.float().to(feats.device)
         source = self.source_hz(hz, factors.float().to(feats.device), jitters)
         hi = torch.searchsorted(hz, source.contiguous()).clamp(1, hz.numel() - 1)  # (B, F)

@@ -236,3 +236,13 @@ def tokenizer_arg(tmp_path) -> str:
     """``--data.tokenizer_model=...`` of a small BPE tokenizer trained on two lines, for asr.bench.steps.build."""
     Tokenizer.train(["call five two nine", "go left erase three"]).save(tmp_path / "tokenizer.model")
     return f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` (pyproject.toml's markers) where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh runs the gpu tests)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

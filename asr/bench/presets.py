@@ -33,17 +33,19 @@ from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
 HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
 
 
-def model_of(*configs: Path) -> CTCModel:
-    """The CTCModel of ``python -m asr.fit --config A --config B ...``, on the meta device: the settings as
-    asr.fit's own parser resolves them (its ``--print_config``), the vocabulary at data.tokenizer_vocab_size."""
+def model_of(*configs: Path, device: str = "meta", checkpoint_every: int = 0) -> CTCModel:
+    """The CTCModel of ``python -m asr.fit --config A --config B ...``, on ``device`` (meta: shapes only): the
+    settings as asr.fit's own parser resolves them (its ``--print_config``), the vocabulary at
+    data.tokenizer_vocab_size."""
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit), \
             mock.patch.object(sys, "argv", sys.argv[:1]):  # this command's own flags are not asr.fit's
         fit.main([arg for config in configs for arg in ("--config", str(config))] + ["--print_config"])
     config = yaml.safe_load(out.getvalue())
     model, data = config["model"], config["data"]
     features = FeatureConfig(data["sample_rate"], **model["features"])
-    with torch.device("meta"):
-        return CTCModel(features, EncoderConfig(**model["encoder"]), data["tokenizer_vocab_size"])
+    with torch.device(device):
+        return CTCModel(features, EncoderConfig(**model["encoder"]), data["tokenizer_vocab_size"],
+                        checkpoint_every=checkpoint_every).to(device)
 
 
 def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: float,

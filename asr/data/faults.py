@@ -16,6 +16,7 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
 
 from asr.audio import AudioError
+from asr.train.intervals import host_step
 
 
 class DataFaultError(AudioError):
@@ -27,10 +28,14 @@ class DataFaults:
 
     Each failure is named once per rank (a UserWarning) when first seen. When more than
     ``max_share`` of the split's ``size`` utterances fail in one pass, the run stops with
-    DataFaultError listing them. Under DDP/FSDP every rank must stop together: after each
-    batch the pass's failures are summed over ranks (one scalar all-reduce; every rank gets
-    as many batches, so every rank enters it as often), and the names are gathered before
-    all ranks raise the same error.
+    DataFaultError listing them: one process checks after every batch (on the host: no sync).
+    Under DDP/FSDP every rank must stop together, so the pass's failures are summed over ranks
+    (one scalar all-reduce and a host read; every rank gets as many batches, so every rank enters
+    it as often) and the names gathered before all ranks raise the same error. Evaluation checks
+    after every batch; training, which must not wait for the device between logging steps
+    (asr.train.intervals), at each logging step and when the next pass starts: up to
+    trainer.log_every_n_steps steps after the share was passed, or not at all for failures after
+    the run's last logging step.
     """
 
     def __init__(self, split: str, size: int, max_share: float, trainer=None, listing: Path | None = None):
@@ -39,9 +44,12 @@ class DataFaults:
         self.named: set[str] = set()
         self.in_pass: list[str] = []  # this rank's failures since the pass began
         self.lost = 0  # the utterances they stand for
+        self.passes = 0  # begun in this process
 
     def start_pass(self) -> None:
-        self.in_pass, self.lost = [], 0
+        if self.passes and self.distributed() and self.split == "train":
+            self.check()  # what the last pass dropped after its last logging step
+        self.in_pass, self.lost, self.passes = [], 0, self.passes + 1
 
     def record(self, dropped: tuple[str, ...], lost: int | None = None) -> None:
         """Count and name the failures of one batch (``lost`` utterances, by default one each); DataFaultError above
@@ -58,6 +66,12 @@ class DataFaults:
                     f"dropped a {self.split} utterance whose audio no longer loads: {fault} ({len(self.in_pass)} "
                     f"of {self.size} in this pass; above data.max_dropped_share={self.max_share} the run stops)"
                 ), UserWarning, stacklevel=2)
+        if not self.distributed() or self.split != "train" or host_step(self.trainer):
+            self.check()
+
+    def check(self) -> None:
+        """DataFaultError, on every rank, when more than the allowed share of the split failed in this pass;
+        with several ranks a collective that each must enter at the same point (see the class docstring)."""
         failed = self.summed_over_ranks(self.lost)
         if failed > self.max_share * self.size:
             listed = "\n  ".join(self.gathered_from_ranks(self.in_pass))

@@ -335,5 +335,5 @@ class StreamLoader(DataLoader):
                 new = [(fault, count) for fault, count in zip(batch.dropped, batch.lost or (1,) * len(batch.dropped))
                        if fault.split(": ", 1)[0] not in seen]
                 seen.update(fault.split(": ", 1)[0] for fault, _ in new)
-                self.faults.record(tuple(f for f, _ in new), sum(c for _, c in new))  # every batch: a collective
+                self.faults.record(tuple(f for f, _ in new), sum(c for _, c in new))  # ranks sum at logging steps
             yield batch

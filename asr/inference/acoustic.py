@@ -1,8 +1,8 @@
 """The models asr.transcribe runs: the AcousticModel protocol, and loading one from a file.
 
-``load_model`` reads a model written by ``asr.export`` or a checkpoint of ``asr.fit`` (with
-``torch.load(weights_only=True)``: no pickled code runs) and names the file in one line if it is
-neither.
+``load_model`` reads a model written by ``asr.export`` or a checkpoint of ``asr.fit``, a file or a
+sharded folder (with ``torch.load(weights_only=True)``: no pickled code runs) and names the file in
+one line if it is neither.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from asr.checkpoint import METADATA
 from asr.tokenizer import Tokenizer
 from asr.tools import export
 from asr.train.module import ASRModule
@@ -54,10 +55,13 @@ class CheckpointModel:
 
 
 def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
-    """A model written by asr.export, or a checkpoint of asr.fit; anything else raises CheckpointError."""
+    """A model written by asr.export, or a checkpoint of asr.fit (a file, or a sharded folder of FSDP); anything
+    else raises CheckpointError."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path}: {'not a file' if path.exists() else 'no such file'}")
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    if path.is_dir() and not (path / METADATA).is_file():
+        raise CheckpointError(f"checkpoint {path}: a folder, not a sharded checkpoint (it has no {METADATA})")
     try:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as err:  # e.g. cuda on a machine without a GPU: the device, not the file

@@ -7,7 +7,9 @@ A block type is one class in BLOCKS with this contract:
     absolute_positions: whether the encoder adds sinusoids to its input before the first block
 
 ``keep`` is 1 on frames inside the utterance, 0 on padding, in x's dtype. Both types share
-``self_attention`` (SDPA with a key-padding mask, local windows, attention dropout, fp32 on CPU).
+``self_attention``: SDPA with a key-padding mask (local windows, attention dropout, fp32 on CPU), or, where
+``attention_path`` says so (CUDA, fp16/bf16, no attention dropout), ``varlen_attention``: Flash Attention's
+varlen_attn over the padded batch without a mask, global or windowed, which a masked SDPA call cannot reach.
 
 - TransformerBlock: pre-LN, x + attn(LN(x)), then x + ff(LN(x)) with GELU (the original ``Block``;
   its parameter names are unchanged, so older checkpoints load as they are).
@@ -24,6 +26,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.varlen import varlen_attn
 
 from asr.models.config import EncoderConfig
 
@@ -104,17 +107,67 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
-def attention(qkv: torch.Tensor, mask: torch.Tensor, dropout_p: float = 0.0, rotary: bool = False) -> torch.Tensor:
+_VARLEN_DEVICES: dict[int, bool] = {}  # CUDA device index -> varlen_available
+
+
+@torch.compiler.assume_constant_result
+def varlen_available(device: torch.device) -> bool:
+    """Whether varlen_attn's Flash Attention kernels run on this CUDA device: an NVIDIA GPU of compute
+    capability 8.0 (Ampere) or later, in a build with Flash Attention."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _VARLEN_DEVICES:
+        _VARLEN_DEVICES[index] = (torch.version.hip is None and torch.backends.cuda.is_flash_attention_available()
+                                  and torch.cuda.get_device_capability(index) >= (8, 0))
+    return _VARLEN_DEVICES[index]
+
+
+def attention_path(device: torch.device, dtype: torch.dtype, head_dim: int, dropout_p: float) -> str:
+    """'varlen' (varlen_attention) where Flash Attention can run, else 'sdpa' (masked SDPA, as on CPU).
+
+    Flash needs CUDA, fp16 or bf16 and a head dimension that is a multiple of 8 up to 256; varlen_attn
+    has no dropout (so attention dropout in training stays on SDPA); torch.export keeps SDPA, whose
+    graph runs on every device.
+    """
+    fast = (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
+            and head_dim % 8 == 0 and head_dim <= 256 and not torch.compiler.is_exporting())
+    return "varlen" if fast and varlen_available(device) else "sdpa"
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                     window: int = 0) -> torch.Tensor:
+    """(B, H, T', dh) q, k, v and (B,) lengths in encoder frames -> (B, H, T', dh) through varlen_attn.
+
+    The padded batch stays as it is, flattened to (B * T', H, dh): each utterance is two of varlen_attn's
+    sequences, its frames [0, length) and its padding, so frames see only frames and padding only padding
+    (no empty row, no NaN; padded outputs are the caller's to ignore, as with SDPA). Shapes come from
+    T', never from the lengths' values: no host sync. seqused_k, which would skip the padding, raises under
+    autograd ("inference-only"). window_size (w, w) keeps keys at most w frames away, as attention_mask does.
+    """
+    b, h, t, dh = q.shape
+    starts = torch.arange(b + 1, device=q.device, dtype=torch.int32) * t  # (B + 1,): where each utterance begins
+    ends = starts[:-1] + lengths.to(torch.int32)  # (B,): where its padding begins
+    cu_seq = torch.cat([torch.stack([starts[:-1], ends], dim=1).flatten(), starts[-1:]])  # (2B + 1,)
+    # contiguous: varlen_attn's cuDNN backend (global attention, T' > 128, sm90/sm100) is untried on strided inputs
+    q, k, v = (x.transpose(1, 2).reshape(b * t, h, dh).contiguous() for x in (q, k, v))  # (B * T', H, dh)
+    y = varlen_attn(q, k, v, cu_seq, cu_seq, t, t, window_size=(window, window) if window else (-1, -1))
+    return y.view(b, t, h, dh).transpose(1, 2)  # (B, H, T', dh)
+
+
+def attention(qkv: torch.Tensor, mask: torch.Tensor, dropout_p: float = 0.0, rotary: bool = False,
+              keep: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """qkv (3, B, H, T', d/H) and a mask of attention_mask -> (B, H, T', d/H); ``rotary`` rotates q and k first.
 
-    On CPU in fp32 whatever the precision: there the attention kernel's backward ran 2x
-    slower in bf16 than in fp32.
+    With ``keep`` (B, T', 1) and ``window`` (as in the mask), attention_path may choose varlen_attention,
+    which ignores the mask. On CPU in fp32 whatever the precision: there the attention kernel's backward
+    ran 2x slower in bf16 than in fp32.
     """
     cpu = qkv.device.type == "cpu"
     with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
         q, k, v = qkv.float() if cpu else qkv
         if rotary:
             q, k = rotate(q), rotate(k)
+        if keep is not None and attention_path(q.device, q.dtype, q.shape[-1], dropout_p) == "varlen":
+            return varlen_attention(q, k, v, keep[..., 0].gt(0).sum(1, dtype=torch.int32), window)
         if mask.dim() == 4:  # global attention, or local over few frames
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         b, h, t, dh = q.shape
@@ -127,12 +180,14 @@ def attention(qkv: torch.Tensor, mask: torch.Tensor, dropout_p: float = 0.0, rot
         return y[:, :, :t]
 
 
-def self_attention(block: nn.Module, x: torch.Tensor, mask: torch.Tensor, rotary: bool = False) -> torch.Tensor:
-    """Multi-head self-attention of normed x (B, T', d) through ``block.qkv`` and ``block.proj`` -> (B, T', d)."""
+def self_attention(block: nn.Module, x: torch.Tensor, mask: torch.Tensor, rotary: bool = False,
+                   keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-head self-attention of normed x (B, T', d) through ``block.qkv`` and ``block.proj`` -> (B, T', d);
+    ``keep`` (B, T', 1) lets ``attention`` take the varlen path."""
     b, t, d = x.shape
     qkv = block.qkv(x).view(b, t, 3, block.n_heads, d // block.n_heads)
     p = block.attention_dropout if block.training else 0.0
-    y = attention(qkv.permute(2, 0, 3, 1, 4), mask, p, rotary)  # (B, H, T', d/H)
+    y = attention(qkv.permute(2, 0, 3, 1, 4), mask, p, rotary, keep, block.window)  # (B, H, T', d/H)
     return block.proj(y.transpose(1, 2).reshape(b, t, d).to(qkv.dtype))
 
 
@@ -169,8 +224,8 @@ class TransformerBlock(nn.Module):
         self.ff_out = nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T', d); mask from attention_mask. ``keep`` is unused: only attention mixes frames, and it is masked."""
-        x = x + dropout(self_attention(self, self.attn_norm(x), mask), self.dropout, self.training)
+        """x (B, T', d); mask from attention_mask; ``keep`` (B, T', 1) lets attention take the varlen path."""
+        x = x + dropout(self_attention(self, self.attn_norm(x), mask, keep=keep), self.dropout, self.training)
         y = dropout(F.gelu(self.ff_in(self.ff_norm(x))), self.dropout, self.training)  # (B, T', ff_mult * d)
         return x + dropout(self.ff_out(y), self.dropout, self.training)
 
@@ -280,7 +335,8 @@ class ConformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """x (B, T', d); mask from attention_mask; keep (B, T', 1), 1 inside the utterance."""
         x = x + 0.5 * self.ff_first(x)  # macaron: half of each feed-forward before and after
-        x = x + dropout(self_attention(self, self.attn_norm(x), mask, rotary=True), self.dropout, self.training)
+        y = self_attention(self, self.attn_norm(x), mask, rotary=True, keep=keep)
+        x = x + dropout(y, self.dropout, self.training)
         x = x + self.conv(x, keep)
         x = x + 0.5 * self.ff_last(x)
         return self.norm(x)

@@ -47,11 +47,12 @@ class Encoder(Protocol):
         """The layer whose states ``middle=True`` returns; -1 when it has none (intermediate CTC is refused)."""
 
 
-def sinusoids(length: int, channels: int) -> torch.Tensor:
-    """(length, channels) absolute sinusoidal position codes (whisper's form)."""
+def sinusoids(length: int, channels: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(length, channels) absolute sinusoidal position codes (whisper's form), computed on ``device``: no copy
+    from the host, which would wait for the device."""
     log_timescale = math.log(10000) / (channels // 2 - 1)
-    inv = torch.exp(-log_timescale * torch.arange(channels // 2))
-    angles = torch.arange(length)[:, None] * inv[None, :]
+    inv = torch.exp(-log_timescale * torch.arange(channels // 2, device=device))
+    angles = torch.arange(length, device=device)[:, None] * inv[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
@@ -84,7 +85,7 @@ class BlockEncoder(nn.Module):
         else:
             x, lengths = self.subsampling(feats, frames)  # (B, T', d)
         if self.absolute_positions:
-            x = x + sinusoids(x.shape[1], x.shape[2]).to(x.device, x.dtype)
+            x = x + sinusoids(x.shape[1], x.shape[2], x.device).to(x.dtype)
         mask = attention_mask(lengths, x.shape[1], self.cfg.attention_window)
         keep = (torch.arange(x.shape[1], device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
         middle_states = None

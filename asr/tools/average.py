@@ -20,6 +20,9 @@ says so. Its ``averaged_from`` key lists the source files.
 writes (``epoch098-wer0.0706.ckpt``), else by the score the checkpoint's own val/wer
 ModelCheckpoint state recorded for that file; files with neither (``last.ckpt``) are not ranked.
 That callback keeps ``save_top_k`` files (5 in configs/trainer.yaml).
+
+A sharded checkpoint folder (configs/strategy/fsdp.yaml writes ``last.ckpt/``) is read as the file
+``python -m asr.convert`` would make of it.
 """
 
 from __future__ import annotations
@@ -45,10 +48,16 @@ class AverageError(ValueError):
     """Checkpoints that cannot be averaged; the message names the file."""
 
 
-def load(path: Path) -> dict:
-    """A checkpoint written by asr.fit, read without running pickled code."""
+def load(path: Path, weights: bool = True) -> dict:
+    """A checkpoint written by asr.fit, a file or a sharded folder (asr.tools.convert.merge), read without running
+    pickled code; ``weights=False``: a folder's tensors are not read (``outline``), for ranking it."""
+    from asr.tools.convert import merge, outline  # here: asr.tools.convert imports this module
+
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        if path.is_dir():
+            checkpoint = merge(path) if weights else outline(path)
+        else:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a file that is not a checkpoint
         raise AverageError(f"{path}: cannot read it as a checkpoint ({err})") from err
     lacks = missing(checkpoint)
@@ -123,7 +132,7 @@ def select(folder: Path, last: int = 0, best: int = 0) -> list[Path]:
         raise AverageError(f"{folder}: not a folder of checkpoints")
     by_step: dict[int, tuple[Path, float | None]] = {}
     for path in sorted(folder.glob("*.ckpt")):
-        checkpoint = load(path)
+        checkpoint = load(path, weights=False)
         step, wer = int(checkpoint.get("global_step", -1)), wer_of(path, checkpoint)
         if step not in by_step or (by_step[step][1] is None and wer is not None):
             by_step[step] = (path, wer)
@@ -153,6 +162,8 @@ def precious(output: Path, inputs: list[Path]) -> str:
         return ""
     if any(output.resolve() == Path(p).resolve() for p in inputs):
         return f"{output} is also an input; write the output elsewhere"
+    if output.is_dir():
+        return f"{output} is a folder (a sharded checkpoint of FSDP?); write the output elsewhere"
     try:
         checkpoint = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - anything unreadable is not a checkpoint to keep

@@ -241,10 +241,11 @@ def export(checkpoint: str | Path, output: str | Path) -> Parity:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m asr.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a .ckpt written by python -m asr.fit (or asr.average / asr.convert)")
+    parser.add_argument("checkpoint", help="a .ckpt written by python -m asr.fit (a file, or FSDP's sharded folder), "
+                                           "asr.average or asr.convert")
     parser.add_argument("output", help="the .pt2 file to write")
     args = parser.parse_args(argv)
-    if not Path(args.checkpoint).is_file():
+    if not Path(args.checkpoint).exists():  # a file, or a sharded folder of FSDP (ASRModule.from_checkpoint)
         parser.error(f"checkpoint {args.checkpoint}: no such file")
     refused = precious(Path(args.output), [Path(args.checkpoint)])
     if refused:
@@ -252,8 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     try:
         result = export(args.checkpoint, args.output)
-    except (RuntimeError, OSError) as err:  # OSError: the output's folder cannot be written, or is full
-        sys.exit(f"{parser.prog}: error: {err}")
+    except (RuntimeError, OSError, ValueError) as err:  # OSError: the output's folder cannot be written, or is
+        sys.exit(f"{parser.prog}: error: {err}")  # full; ValueError: a folder that is not a sharded checkpoint
     size = Path(args.output).stat().st_size / 2**20
     print(f"{args.output}: {size:.1f} MiB, exported in {time.perf_counter() - start:.1f} s\n{result}")
 

@@ -164,15 +164,19 @@ def cpu_name() -> str:
     return match.group(1).strip() if match else platform.processor() or platform.machine()
 
 
-def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, reps: int = 5, budget_s: float = 1.0) -> float:
-    """FLOP/s of the fastest of ``reps`` (size x size) @ (size x size) products on this CPU; fewer once
-    ``budget_s`` seconds have passed (a CPU without bf16 units takes 2.5 s for one bf16 product)."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up: thread pool start, packing buffers
+def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, reps: int = 5, budget_s: float = 1.0,
+                         device: str | torch.device = "cpu") -> float:
+    """FLOP/s of the fastest of ``reps`` (size x size) @ (size x size) products on ``device`` (this CPU); fewer
+    once ``budget_s`` seconds have passed (a CPU without bf16 units takes 2.5 s for one bf16 product)."""
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+    synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    a @ b  # warm-up: thread pool start, packing buffers, kernel choice
+    synchronize()
     best, began = math.inf, time.perf_counter()
     for _ in range(reps):
         start = time.perf_counter()
         a @ b
+        synchronize()
         best = min(best, time.perf_counter() - start)
         if time.perf_counter() - began > budget_s:
             break

@@ -37,6 +37,7 @@ import torch
 import yaml
 from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
 from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.strategies import ModelParallelStrategy
 from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
@@ -49,12 +50,14 @@ from asr.data.shard_run import check_by_steps
 from asr.data.shards import ShardsError
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.settings import ConfigError
+from asr.train import fsdp
 from asr.train.init_from import initialize, settings_changed
 from asr.train.legacy import group_config
 from asr.train.module import ASRModule, NonFiniteLossError
 from asr.train.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,
                             is_collective_timeout, last_checkpoints, set_collective_timeout)
 from asr.tokenizer import Tokenizer
+from asr.tools.convert import outline
 
 DEFAULT_CONFIG = CONFIGS / "recipes" / "demo.yaml"  # what `python -m asr.fit` runs without a --config
 TRAINER_DEFAULTS = CONFIGS / "trainer.yaml"  # the Trainer's defaults in asr, read into the parser's defaults
@@ -69,10 +72,12 @@ class Trainer(pl.Trainer):
         Args:
             precision: "auto" (bf16-mixed where this device computes bf16 fast, else 32-true on a CPU and
                 16-mixed on a GPU without bf16; said in one line), or any of Lightning's: 32-true, bf16-mixed,
-                bf16-true, 16-mixed (a CUDA GPU only), 64-true.
+                bf16-true, 16-mixed (a CUDA GPU only; under FSDP2 with a sharded loss scaler), 64-true.
         """
         accelerator = kwargs.get("accelerator", "auto")
-        super().__init__(*args, precision=resolve_precision(precision, accelerator, rank_zero_info), **kwargs)
+        precision = resolve_precision(precision, accelerator, rank_zero_info)
+        precision, kwargs["plugins"] = fsdp.sharded_fp16(precision, kwargs.get("strategy"), kwargs.get("plugins"))
+        super().__init__(*args, precision=precision, **kwargs)
         FitLoop.replace(self)
 
 
@@ -144,17 +149,27 @@ def check_hardware(trainer, cuda: bool | None = None) -> None:
 
 
 def read_checkpoint(path: str) -> dict:
-    """A checkpoint file's contents (tensors memory-mapped); ConfigError naming --ckpt_path if unreadable."""
+    """A checkpoint file's contents (tensors memory-mapped), or a sharded folder's outline (no tensor read:
+    asr.tools.convert.outline); ConfigError naming --ckpt_path if unreadable."""
+    if Path(path).is_dir():
+        try:
+            return outline(path)
+        except ValueError as err:
+            raise ConfigError(f"--ckpt_path {err}") from err
     return load_file(path, "--ckpt_path")
 
 
-def check_resumable(path: str | None, module: ASRModule | None = None) -> dict:
+def check_resumable(path: str | None, module: ASRModule | None = None, strategy=None) -> dict:
     """Refuse a --ckpt_path that is unreadable, holds weights only (asr.average's output: Lightning's own
-    error blames save_weights_only), or (given this run's ``module``) another model: see ``same_model``.
+    error blames save_weights_only), (given this run's ``module``) another model: see ``same_model``, or (given
+    its ``strategy``) a sharded folder that only FSDP's strategy reads.
     Returns how far the checkpoint's run got: {"steps": optimizer steps, "epochs": epochs finished}
-    ({} for a sharded folder, which is Lightning's to read, or no checkpoint)."""
-    if path is None or Path(path).is_dir():
+    ({} for no checkpoint)."""
+    if path is None:
         return {}
+    if Path(path).is_dir() and strategy is not None and not isinstance(strategy, ModelParallelStrategy):
+        raise ConfigError(f"--ckpt_path {path} is a sharded checkpoint folder, which only configs/strategy/fsdp.yaml "
+                          f"resumes from; make it one file for this strategy: python -m asr.convert {path} full.ckpt")
     checkpoint = read_checkpoint(path)
     if "optimizer_states" not in checkpoint:
         made_by = " (an average of checkpoints, by asr.average)" if "averaged_from" in checkpoint else ""
@@ -325,7 +340,7 @@ def main(args: list[str] | None = None) -> ASRCLI:
         if ckpt_path is None and not cli.config.overwrite:
             check_fresh_folder(cli.trainer)
         check_room(cli.trainer, cli.model)
-    done = nothing_left(cli.trainer, check_resumable(ckpt_path, cli.model))
+    done = nothing_left(cli.trainer, check_resumable(ckpt_path, cli.model, cli.trainer.strategy))
     if done:  # no fit, and no test of weights this run did not train
         cli.trainer.print(f"asr.fit: {done}: nothing to train; raise the limit to continue {ckpt_path}")
         return cli

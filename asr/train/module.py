@@ -4,16 +4,19 @@ Train, validation and test share ``_shared_step`` and log ``{stage}/loss``; vali
 and test also log ``{stage}/wer`` and ``{stage}/cer``, computed with jiwer over the whole
 set (error counts are summed over batches and ranks, not averaged per batch).
 
-Collectives: every cross-rank sum is an explicit ``strategy.reduce`` in a hook that every rank
-runs at the same point (the training step, validation/test epoch end, before the optimizer
-step), and nothing is logged with ``sync_dist``: Lightning computes synced epoch metrics
-lazily, on rank 0 as early as its progress bar asks for them, which deadlocks against any
-collective the other ranks are in. Logged values are already global when logged. The training
-step's reduce also carries each rank's elapsed training time, so a run bounded by ``--trainer.max_time``
-anneals its lr (WarmupCosine) by the same clock on every rank, without a collective of its own.
+Collectives: every cross-rank sum is explicit, in a hook that every rank runs at the same point,
+and nothing is logged with ``sync_dist``: Lightning computes synced epoch metrics lazily, on rank 0
+as early as its progress bar asks for them, which deadlocks against any collective the other ranks
+are in. Logged values are already global when logged. A training step reads nothing on the host
+(asr.train.intervals): its two sums over ranks (the global batch's loss and tokens, whether any rank's
+update is non-finite) are queued on the device, and what the host logs and checks is counted on the
+device (asr.train.tally) and read at logging steps. A run bounded by ``--trainer.max_time`` anneals its
+lr (WarmupCosine) by the Timer's clock: one process's at every step; with several ranks, the ranks'
+mean, agreed on at each logging step and followed until the next, so that every rank has one lr.
 
 A non-finite loss or gradient skips that update on every rank together; ``train/skipped_steps``
-counts them and ``max_consecutive_skips`` in a row stop the run (``NonFiniteLossError``).
+counts them and ``max_consecutive_skips`` in a row stop the run (``NonFiniteLossError``) at the next
+logging step or epoch end.
 Checkpoints carry the tokenizer (``checkpoint["tokenizer"]``), so one file is enough
 to transcribe: ``ASRModule.from_checkpoint(path)``.
 """
@@ -38,9 +41,12 @@ from asr.models.ctc import CTCModel
 from asr.scoring import score
 from asr.settings import plain_settings
 from asr.tokenizer import Tokenizer
+from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
+from asr.train.intervals import all_sum, host_step
 from asr.train.legacy import as_setting, current_names, group_settings
 from asr.train.objectives import CTC
+from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
 EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
@@ -114,16 +120,23 @@ class ASRModule(pl.LightningModule):
                              "(its weights are named model.encoder.subsampling.*, model.encoder.blocks.<i>.*, ...)")
         self.errors: dict[str, torch.Tensor] = {}  # stage -> EVAL_COUNTS summed over this rank's batches
         self.step_totals: torch.Tensor | None = None  # (loss sum, tokens, utterances) of this update's global batch
-        self.step_clock: torch.Tensor | None = None  # the ranks' mean seconds of training at this update (max_time)
+        self.clock = 0.0  # this rank's seconds of training at this update (trainer.max_time's Timer)
         self.timer: Timer | None = None  # trainer.max_time's Timer, if the run is bounded by time
-        self.train_loss: list[float] | None = None  # (loss sum, tokens) of this epoch's updates, over all ranks
-        self.skipped_steps, self.consecutive_skips = 0, 0
+        self.tally: UpdateTally | None = None  # losses and skips on the device, from on_train_start
+        self.skipped_steps, self.consecutive_skips = 0, 0  # as last read (or restored), for what is said and saved
+        self.read_from = 0  # the first update since the last read of the tally
         self.validated_epoch = -1  # the epoch of the last validation while fitting: the per-epoch line's val/ figures
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ASRModule":
-        """Rebuild from one checkpoint file, without executing pickled code (weights_only load)."""
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        """Rebuild from one checkpoint file, or a sharded checkpoint folder (asr.tools.convert.merge, on the CPU),
+        without executing pickled code (weights_only load)."""
+        if Path(path).is_dir():
+            from asr.tools.convert import merge  # here: only a folder needs torch.distributed.checkpoint (48 ms)
+
+            checkpoint = merge(path)
+        else:
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
         if "tokenizer" not in checkpoint:
             raise ValueError(f"{path} has no tokenizer inside: it was not written by asr.fit")
         module = cls(tokenizer=Tokenizer(checkpoint["tokenizer"]), **cls.settings(checkpoint["hyper_parameters"]))
@@ -142,7 +155,10 @@ class ASRModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokenizer"] = self.tokenizer.serialized
-        checkpoint["skipped_steps"] = (self.skipped_steps, self.consecutive_skips)
+        skips = (self.skipped_steps, self.consecutive_skips)
+        if self.tally is not None:  # one host read: writing a checkpoint waits for the device anyway
+            skips = tuple(int(x) for x in self.tally.skips[:2].tolist())
+        checkpoint["skipped_steps"] = skips
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # (a sharded FSDP checkpoint restores its weights itself)
@@ -150,7 +166,8 @@ class ASRModule(pl.LightningModule):
         self.skipped_steps, self.consecutive_skips = checkpoint.get("skipped_steps", (0, 0))
 
     def configure_model(self) -> None:
-        """FSDP2 under ModelParallelStrategy: shard each encoder block, then the rest; then compile.
+        """FSDP2 under ModelParallelStrategy: shard each encoder block, then the rest (asr.train.fsdp, with the
+        precision's mixed-precision policy); then compile.
 
         Lightning's device mesh is (data_parallel, tensor_parallel) = (nodes, devices per node)
         with sizes "auto". fully_shard on this 2-D mesh replicates across its first dimension and
@@ -161,15 +178,14 @@ class ASRModule(pl.LightningModule):
             return
         self._configured = True
         if self.device_mesh is not None:
-            from torch.distributed.fsdp import fully_shard
-
-            self.model.to(memory_format=torch.contiguous_format)  # FSDP2 refuses channels-last (the subsampling's)
-            for unit in self.model.encoder.units():
-                fully_shard(unit, mesh=self.device_mesh)
-            fully_shard(self.model, mesh=self.device_mesh)
+            fsdp.shard(self.model, self.model.encoder.units(), self.device_mesh, self.trainer.precision)
         if self.hparams.compile:
             for unit in self.model.encoder.units():
                 unit.compile()
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        """FSDP2 reduce-scatters gradients only on the micro-batch that steps (Lightning pauses DDP's alone)."""
+        fsdp.gradient_sync(self.model, not self.trainer.fit_loop._should_accumulate())
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip with torch's own functions, which also handle FSDP2's sharded (DTensor) gradients."""
@@ -208,48 +224,68 @@ class ASRModule(pl.LightningModule):
         world size, so the ranks' averaged gradients equal the gradient of the global batch's per-token
         loss as one process would compute it."""
         objective, loss_sum, tokens = self._shared_step(batch, "train")
-        elapsed = self.timer.time_elapsed("train") if self.timer else 0.0
-        counts = torch.tensor([len(batch.texts), elapsed], dtype=torch.float64, device=self.device)
-        # the clock rides in the step's one reduce: every rank gets the same mean, so the same lr
-        totals = self._reduce(torch.cat([loss_sum.detach().double().view(1), tokens.view(1), counts]))
-        self.step_totals = totals[:3] if self.step_totals is None else self.step_totals + totals[:3]  # (accumulation)
-        self.step_clock = totals[3:] / self.trainer.world_size
+        self.clock = self.timer.time_elapsed("train") if self.timer else 0.0
+        utterances = tokens.new_full((1,), len(batch.texts))  # a fill on the device, not a copy from the host
+        totals = all_sum(torch.cat([loss_sum.detach().double().view(1), tokens.view(1), utterances]), self.trainer)
+        self.step_totals = totals if self.step_totals is None else self.step_totals + totals  # (accumulation)
         return objective * (self.trainer.world_size / totals[1].clamp(min=1))
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Log the update's global per-token loss, or, when any rank's loss or gradient has a NaN or Inf,
-        skip the update on every rank: gradients are dropped, so weights and optimizer moments stay. In the first
-        model.finetune.freeze_steps updates the gradients of model.finetune.freeze's weights are dropped first."""
+        """When any rank's loss or gradient has a NaN or Inf, skip the update on every rank (``skip_update``:
+        weights and optimizer moments stay); count the update (asr.train.tally) and, at a logging step, read the
+        count (``read_interval``). In the first model.finetune.freeze_steps updates the gradients of
+        model.finetune.freeze's weights are dropped first."""
         if self.global_step < self.finetune.freeze_steps:
             for p in frozen(self, self.finetune.freeze):
                 p.grad = None  # held still: AdamW leaves a parameter without a gradient as it is
         elif self.global_step == self.finetune.freeze_steps > 0:
             self.print(f"step {self.global_step}: model.finetune.freeze's weights train from now on")
         params = [p for p in self.parameters() if p.grad is not None]
-        bad = torch.zeros(1, dtype=torch.float64, device=self.device)
+        (loss, tokens, utterances), self.step_totals = self.step_totals, None
+        skip = loss.isfinite().logical_not()
         # 16-mixed: the GradScaler skips overflowing gradients and tunes its scale itself
         if params and getattr(self.trainer.precision_plugin, "scaler", None) is None:
             grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]  # FSDP2 shards
-            bad = any_nonfinite(grads).double().view(1)
-        flagged, loss, tokens, utterances, self.schedule.elapsed = torch.cat(
-            [self._reduce(bad), self.step_totals, self.step_clock]).tolist()  # one sync; the lr after this step
-        self.step_totals = None
-        if flagged or not math.isfinite(loss):
-            for p in params:
-                p.grad = None
-            self.skipped_steps, self.consecutive_skips = self.skipped_steps + 1, self.consecutive_skips + 1
-            self.print(f"step {self.global_step}: non-finite loss or gradient, update skipped on every rank "
-                       f"({self.consecutive_skips} in a row, {self.skipped_steps} in all)")
-        else:
-            self.consecutive_skips = 0
-            self.log("train/loss", loss / max(tokens, 1), batch_size=int(utterances), prog_bar=True, on_epoch=True)
-            self.train_loss = [x + y for x, y in zip(self.train_loss or [0.0, 0.0], (loss, tokens))]
-        self.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
-        limit = self.hparams.max_consecutive_skips
-        if limit and self.consecutive_skips >= limit:
+            skip = skip | any_nonfinite(grads)
+        skip = all_sum(skip.double().view(1), self.trainer)[0] > 0  # any rank's: all skip together
+        skip_update(optimizer, skip, params)
+        self.tally.add(skip, loss, tokens, utterances, self.global_step)
+        if self.trainer.world_size == 1:
+            self.schedule.elapsed = self.clock  # the lr after this step; with several ranks, see read_interval
+        if host_step(self.trainer):
+            self.read_interval()
+
+    def read_interval(self) -> None:
+        """A logging step's one host read (and, with several ranks and max_time, one collective): log the global
+        per-token loss of the updates since the last read as train/loss_step and train/skipped_steps, say what
+        was skipped, stop at max_consecutive_skips; with several ranks the lr follows their mean clock until the
+        next. Logged as host tensors, which Lightning's per-batch read of progress-bar values does not wait for."""
+        agree = self.timer is not None and self.trainer.world_size > 1
+        clock = [all_sum(torch.full((1,), self.clock, dtype=torch.float64, device=self.device), self.trainer)] \
+            if agree else []
+        values = self.tally.read_interval(*clock)
+        (loss, tokens), skips = values[:2], values[2:5]
+        if agree:
+            self.schedule.elapsed = values[5] / self.trainer.world_size
+        if tokens:
+            self.log("train/loss_step", torch.tensor(loss / tokens), prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/skipped_steps", torch.tensor(skips[0]), on_step=True, on_epoch=False)
+        self.report_skips(self.global_step, *skips)
+
+    def report_skips(self, update: int, skipped: float, in_a_row: float, reached: float) -> None:
+        """Say how many updates were skipped since the last read, which was before update ``update``; raise
+        NonFiniteLossError if ``reached`` (the update at which max_consecutive_skips in a row were skipped) >= 0."""
+        new = int(skipped) - self.skipped_steps
+        self.skipped_steps, self.consecutive_skips = int(skipped), int(in_a_row)
+        span = f"step {update}" if self.read_from >= update else f"steps {self.read_from}-{update}"
+        self.read_from = update + 1
+        if new:
+            self.print(f"{span}: non-finite loss or gradient, {'update' if new == 1 else f'{new} updates'} skipped "
+                       f"on every rank ({self.consecutive_skips} in a row, {self.skipped_steps} in all)")
+        if reached >= 0:
             raise NonFiniteLossError(
-                f"{self.consecutive_skips} updates in a row had a non-finite loss or gradient (step "
-                f"{self.global_step}); stopping. Look for bad audio or labels, lower the learning rate, or "
+                f"{self.hparams.max_consecutive_skips} updates in a row had a non-finite loss or gradient (step "
+                f"{int(reached)}); stopping. Look for bad audio or labels, lower the learning rate, or "
                 "raise --model.max_consecutive_skips.")
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -274,9 +310,13 @@ class ASRModule(pl.LightningModule):
         self._log_evaluation("test")
 
     def on_train_epoch_end(self) -> None:
-        """One line per epoch: mean train loss and the validation figures computed in this epoch, if any."""
-        total, tokens = self.train_loss or (0.0, 0.0)  # global already (on_before_optimizer_step): no collective
-        self.train_loss = None
+        """One line per epoch: mean train loss and the validation figures computed in this epoch, if any; the
+        skips since the last logging step are said (and max_consecutive_skips stops the run) here at the latest."""
+        total, tokens, weighted, utterances, *skips = self.tally.read_epoch()  # global already: no collective
+        if utterances:
+            self.log("train/loss_epoch", torch.tensor(weighted / utterances), prog_bar=True, on_step=False,
+                     on_epoch=True, batch_size=1)
+        self.report_skips(self.global_step - 1, *skips)
         line = f"epoch {self.current_epoch}: train/loss {total / max(tokens, 1):.4f}"
         if self.validated_epoch == self.current_epoch:
             metrics = self.trainer.callback_metrics
@@ -307,16 +347,9 @@ class ASRModule(pl.LightningModule):
         # --trainer.max_time: Lightning's Timer stops the run; the cosine reaches its floor by then too
         self.timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer) and c.time_remaining()), None)
         self.schedule.duration = self.timer.time_elapsed() + self.timer.time_remaining() if self.timer else None
-
-
-def any_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """True (a 0-d bool tensor) when any element of ``tensors`` is NaN or +-Inf: then its tensor's sum is too.
-
-    One sum per tensor and one check of them all took 0.5 ms for the default model's 190 gradients, against
-    3.8 ms for an isfinite and an all per tensor. Sums are float32, so a finite tensor whose sum overflows
-    (past about 3.4e38; float64 elements that large, too) also counts: a gradient that large is no update to take.
-    """
-    return torch.stack([t.sum(dtype=torch.float32) for t in tensors]).isfinite().all().logical_not()
+        self.tally = UpdateTally(self.device, self.hparams.max_consecutive_skips, self.skipped_steps,
+                                 self.consecutive_skips)
+        self.read_from = self.global_step
 
 
 def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:

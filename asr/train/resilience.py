@@ -4,10 +4,10 @@
 - ``AtomicCheckpointIO`` (``trainer.plugins`` in configs/trainer.yaml): each checkpoint is written to
   a temporary file beside its path and renamed over it, so a kill mid-write leaves the previous file.
 - ``Preemption`` (a callback in configs/trainer.yaml): SIGTERM (spot preemption, ``kill``), SIGUSR1
-  (SLURM's ``--signal=USR1@90``) or SIGINT (Ctrl-C) on any rank makes every rank finish its current
-  optimizer step, write ``last.ckpt`` once (weights, optimizer, schedule, loop and sampler position) and
-  exit, with status 0 (130 after Ctrl-C, as an interrupted command). Under SLURM, SIGUSR1 also requeues
-  the job. A second signal ends the process at once.
+  (SLURM's ``--signal=USR1@90``) or SIGINT (Ctrl-C) on any rank makes every rank stop after the same
+  optimizer step (one process: the current one; several: the next logging step), write ``last.ckpt`` once
+  (weights, optimizer, schedule, loop and sampler position) and exit, with status 0 (130 after Ctrl-C, as an
+  interrupted command). Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
 - ``last_checkpoints``: what ``--ckpt_path last`` resumes from, the run folder's last*.ckpt, newest first.
 - ``FitLoop`` (asr.fit's Trainer uses it): a run resumed from a checkpoint written at an epoch's end starts
   the next epoch, with ``max_steps`` set too.
@@ -41,6 +41,7 @@ from pytorch_lightning.loops.loop import _Loop
 from pytorch_lightning.utilities import rank_zero_info
 
 from asr.atomic import write_atomically
+from asr.train.intervals import host_step
 
 # Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
 # far above any collective of a healthy run (a checkpoint write on rank 0, every rank's first compiled step).
@@ -93,14 +94,18 @@ class Preemption(pl.Callback):
     """SIGTERM / SIGUSR1 -> finish the step, write ``last.ckpt`` on every rank's behalf, raise ``Preempted``.
 
     The signal only sets a flag (a handler must not enter a collective: Lightning's own SIGTERM handler
-    broadcasts from inside the handler and deadlocks). After each optimizer step every rank sums the
-    flags, one tiny all-reduce, so all ranks stop after the same step even when only one was signalled.
+    broadcasts from inside the handler and deadlocks). One process checks it after every optimizer step.
+    Several ranks sum their flags, one tiny all-reduce, at each logging step (asr.train.intervals, every
+    ``trainer.log_every_n_steps``), so all stop after the same step even when only one was signalled: the
+    first logging step at or after the signal's, up to log_every_n_steps - 1 steps later than one process
+    would. Lightning's own check, a broadcast and a host read every batch, is off while these handlers are on.
     """
 
     def __init__(self):
         self.received: str | None = None
         self._previous: dict = {}
         self._step = -1
+        self._loop = None  # the epoch loop whose per-batch SIGTERM broadcast is off while the handlers are ours
 
     def _handle(self, signum: int, frame) -> None:
         if self.received:  # a second signal: the user insists (or a rank is stuck), so die as asked
@@ -113,11 +118,16 @@ class Preemption(pl.Callback):
         # a SIGTERM that Lightning's handler took while the checkpoint and loaders were being set up counts
         self.received, self._step = ("SIGTERM" if trainer.received_sigterm else None), trainer.global_step
         self._previous = {s: signal.signal(s, self._handle) for s in PREEMPTION_SIGNALS}
+        self._loop = trainer.fit_loop.epoch_loop
+        self._loop._broadcast_sigterm_tensor = lambda: None  # its flag is set by Lightning's handler, now replaced
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+        if self._loop is not None:
+            vars(self._loop).pop("_broadcast_sigterm_tensor", None)
+            self._loop = None
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also write ``last.ckpt`` when a run from an endless stream (data.train_shards) stops by max_steps or
@@ -127,7 +137,7 @@ class Preemption(pl.Callback):
             return
         saved = [getattr(cb, "_last_global_step_saved", -1) for cb in trainer.checkpoint_callbacks]
         if math.isinf(trainer.num_training_batches) and trainer.global_step not in saved:
-            trainer.save_checkpoint(last_checkpoint_path(trainer))  # every rank: FSDP gathers, rank 0 writes
+            trainer.save_checkpoint(last_checkpoint_path(trainer))  # every rank: FSDP writes its shard (or gathers for rank 0)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore()
@@ -137,17 +147,24 @@ class Preemption(pl.Callback):
         if trainer.global_step == self._step:  # mid gradient accumulation: wait for the update
             return
         self._step = trainer.global_step
-        flag = torch.tensor([1.0 if self.received else 0.0], device=trainer.strategy.root_device)
-        if trainer.world_size > 1:
-            flag = trainer.strategy.reduce(flag, reduce_op="sum")
-        if flag.item():
+        if self.signalled(trainer):
             path = last_checkpoint_path(trainer)
-            trainer.save_checkpoint(path)  # every rank: FSDP gathers shards, then rank 0 writes
+            trainer.save_checkpoint(path)  # every rank: FSDP writes its shard (or gathers for rank 0)
             signalled = self.received or "a signal on another rank"
             if self.received == "SIGUSR1" and trainer.is_global_zero:
                 requeue_slurm_job()
             raise Preempted(f"{signalled}: stopped after step {trainer.global_step} and wrote {path}; "
                             "resume with the same command and --ckpt_path last", self.received)
+
+    def signalled(self, trainer: pl.Trainer) -> bool:
+        """Whether any rank was signalled: this process's flag, or, with several ranks, their sum at a logging
+        step (one all-reduce and one host read; False between them)."""
+        if trainer.world_size == 1:
+            return self.received is not None
+        if not host_step(trainer):
+            return False
+        flag = torch.tensor([1.0 if self.received else 0.0], device=trainer.strategy.root_device)
+        return bool(trainer.strategy.reduce(flag, reduce_op="sum").item())
 
 
 def init_data_worker(worker_id: int, rank: int = 0) -> None:
@@ -222,8 +239,8 @@ def requeue_slurm_job() -> None:
 
 
 def last_checkpoints(run_folder: Path) -> list[Path]:
-    """The ``last*.ckpt`` files under ``run_folder`` (``<save_dir>/<name>``), any version (or, run without a
-    logger, in ``run_folder/checkpoints``), the most recently written first."""
+    """The ``last*.ckpt`` files (or FSDP's folders) under ``run_folder`` (``<save_dir>/<name>``), any version (or,
+    run without a logger, in ``run_folder/checkpoints``), the most recently written first."""
     found = [*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt")]
     return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 

@@ -114,6 +114,22 @@ def test_ckpt_path_last_passes_over_a_newest_checkpoint_cut_short_for_the_one_be
     assert result.returncode == 0 and "nothing to train" in said  # it had finished its one epoch
 
 
+def test_a_sharded_folder_cut_short_is_passed_over_and_one_is_resumed_under_fsdp_only(finished, tmp_path):
+    out, args = finished
+    copy = tmp_path / "runs"
+    shutil.copytree(out, copy)
+    newer = copy / "default" / "version_9" / "checkpoints" / "last.ckpt"
+    newer.mkdir(parents=True)  # meta.pt but no torch.distributed.checkpoint .metadata: a write never finished
+    shutil.copy(copy / "default" / "version_0" / "checkpoints" / "last.ckpt", newer / "meta.pt")
+    args = [a if a != str(out) else str(copy) for a in args]
+    result = asr("fit", *args, "--ckpt_path", "last")
+    said = result.stdout + result.stderr
+    assert f"--ckpt_path last: passing over {newer}: its shards cannot be read" in said
+    assert result.returncode == 0 and "nothing to train" in said  # the file of version_0 had finished its epoch
+    one_line_error(asr("fit", *args, "--ckpt_path", str(newer)), f"--ckpt_path {newer} is a sharded checkpoint "
+                   f"folder, which only configs/strategy/fsdp.yaml resumes from; make it one file for this strategy")
+
+
 @pytest.mark.parametrize("change, message", [
     (["--model.encoder.d_model", "96"], "weights differ in shape, e.g. model."),
     (["--data.tokenizer_type", "char"], "its tokenizer is another"),

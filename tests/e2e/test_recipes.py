@@ -110,6 +110,20 @@ def test_gpu_recipe_builds_a_bpe_conformer_base_and_needs_a_gpu():
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("recipe, preset, strategy", [("gpu-1000h", "conformer-large", "ddp"),
+                                                    ("gpu-10000h", "conformer-1b", "asr.train.fsdp.ShardedStrategy")])
+def test_gpu_scale_recipes_train_their_size_preset_from_shards_by_steps(recipe, preset, strategy):
+    """The recipe carries its preset's shape as the preset says it (one shape, however often written down)."""
+    config = printed_config("--config", f"configs/recipes/{recipe}.yaml")
+    shape = yaml.safe_load((CONFIGS / "model" / f"{preset}.yaml").read_text())["model"]["encoder"]
+    assert {key: config["model"]["encoder"][key] for key in shape} == shape
+    trainer = config["trainer"]
+    assert (trainer["accelerator"], trainer["precision"]) == ("gpu", "auto")
+    assert strategy in (trainer["strategy"] if isinstance(trainer["strategy"], str) else trainer["strategy"]["class_path"])
+    assert trainer["max_steps"] > 0 and isinstance(trainer["val_check_interval"], int)
+    assert config["data"]["train_shards"] and config["data"]["tokenizer_model"] is None  # the shards' own tokenizer
+
+
 def test_gpu_recipe_on_a_cpu_machine_stops_with_one_sentence_not_a_traceback(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

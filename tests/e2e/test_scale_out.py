@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
+from pytorch_lightning.strategies import DDPStrategy
 
 from asr.inference.transcribe import Transcriber
 from asr.tokenizer import Tokenizer
-from asr.tools.convert import convert
+from asr.tools.convert import convert, merge
 from asr.train.fit import ConfigError, build, check_hardware
+from asr.train.fsdp import ShardedStrategy
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION
 
@@ -71,13 +72,18 @@ def step_losses(run: Path) -> list[float]:
         return [float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")]
 
 
+def load(checkpoint: Path) -> dict:
+    """A checkpoint file, or the FSDP preset's folder as asr.convert merges it."""
+    return merge(checkpoint) if checkpoint.is_dir() else torch.load(checkpoint, weights_only=True)
+
+
 def steps(checkpoint: Path) -> int:
     """The optimizer steps a run took, as its checkpoint records them."""
-    return torch.load(checkpoint, weights_only=True)["global_step"]
+    return load(checkpoint)["global_step"]
 
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return torch.load(checkpoint, weights_only=True)["state_dict"]
+    return load(checkpoint)["state_dict"]
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +112,10 @@ def test_two_processes_match_one_process_with_the_same_global_batch(strategy, co
         torch.testing.assert_close(ours[name], theirs[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
-def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(tmp_path):
-    """2 micro-batches of 2 utterances, accumulated, make the same SGD steps as batches of 4.
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(ranks, tmp_path):
+    """2 micro-batches of 2 utterances, accumulated, make the same SGD steps as batches of 4; under FSDP2, 2 ranks
+    of 1 utterance a micro-batch (reduce-scattering on the second only: asr.train.fsdp) as 2 ranks of 2.
 
     Lightning averages the micro-batches' losses, each a mean over its own tokens; that equals the
     mean over all tokens when the micro-batches hold as many tokens each, so every utterance here
@@ -120,10 +128,11 @@ def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(tmp_pat
     assert len(manifest.read_text().splitlines()) == 8
     one = ["--trainer.max_epochs", "2", "--data.max_duration", str(SECONDS), "--data.tokenizer_model",
            str(tmp_path / "tokens.model"), *DETERMINISTIC]
-    single = fit(tmp_path / "single", manifest, *one, "--data.max_batch_seconds", str(4 * SECONDS))
-    accumulated = fit(tmp_path / "accumulated", manifest, *one, "--data.max_batch_seconds", str(2 * SECONDS),
-                      "--trainer.accumulate_grad_batches", "2")
-    checkpoints = [torch.load(run / "checkpoints" / "last.ckpt", weights_only=True) for run in (single, accumulated)]
+    sharded = ["--config", "configs/strategy/fsdp.yaml"] if ranks == 2 else []
+    single = fit(tmp_path / "single", manifest, *sharded, *one, "--data.max_batch_seconds", str(4 / ranks * SECONDS))
+    accumulated = fit(tmp_path / "accumulated", manifest, *sharded, *one, "--data.max_batch_seconds",
+                      str(2 / ranks * SECONDS), "--trainer.accumulate_grad_batches", "2")
+    checkpoints = [load(run / "checkpoints" / "last.ckpt") for run in (single, accumulated)]
     assert checkpoints[0]["global_step"] == checkpoints[1]["global_step"] == 4  # optimizer steps
     for name, value in checkpoints[0]["state_dict"].items():
         torch.testing.assert_close(checkpoints[1]["state_dict"][name], value, atol=1e-4, rtol=1e-4, msg=name)
@@ -134,41 +143,60 @@ def test_fsdp_bf16_checkpointing_clipping_trains_transcribes_and_resumes_under_d
               "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
               "--data.num_workers", "0",
               "--model.warmup_steps", "1", "--data.max_batch_seconds", str(4 * SECONDS)]
-    run = fit(tmp_path / "fsdp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *levers, "--trainer.max_epochs", "4")
+    run = fit(tmp_path / "fsdp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *levers, "--trainer.max_epochs", "4",
+              "--trainer.strategy.init_args.save_distributed_checkpoint", "false")
     losses, last = step_losses(run), run / "checkpoints" / "last.ckpt"
     # every step logged: at least 2 a rank and epoch (8 utterances; the demo recipe's speeds fit at most 4 in a batch)
     assert len(losses) == steps(last) >= 8 and sum(losses[-2:]) < 0.8 * sum(losses[:2])
-    assert last.is_file()  # one full checkpoint, not a folder of shards
+    assert last.is_file()  # save_distributed_checkpoint false: one full file, gathered by rank 0
     assert len(Transcriber.from_checkpoint(last).transcribe([MINI / "audio" / "test" / "000000.flac"])) == 1
     resumed = fit(tmp_path / "ddp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/ddp.yaml", *levers,
                   "--trainer.max_epochs", "5", "--ckpt_path", str(last))
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 4
 
 
-def test_sharded_checkpoint_folder_converts_to_one_file_that_transcribes_and_resumes(corpus, tmp_path):
+def test_the_fsdp_preset_writes_folders_that_transcribe_average_resume_and_convert(corpus, tmp_path):
+    """Each rank writes its shard into a folder named like the file, in the background, renamed into place whole;
+    asr.transcribe, asr.average and --ckpt_path last read the folder as a file; asr.convert makes one file that
+    resumes in one process."""
     small = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
              "--data.num_workers", "0"]
-    run = fit(tmp_path / "fsdp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *small, "--trainer.max_epochs", "1",
-              "--trainer.strategy.init_args.save_distributed_checkpoint", "true")
-    folder = run / "checkpoints" / "last.ckpt"
-    assert folder.is_dir()
+    fsdp = ["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *small]
+    run = fit(tmp_path / "fsdp", corpus, *fsdp, "--trainer.max_epochs", "1")
+    checkpoints = sorted((run / "checkpoints").iterdir())
+    assert [p.name for p in checkpoints][1:] == ["last.ckpt"] and checkpoints[0].name.startswith("epoch000-")
+    assert all(p.is_dir() and steps(p) == steps(checkpoints[1]) for p in checkpoints)  # no .partial nor .old left
+    folder = checkpoints[1]
+    audio = MINI / "audio" / "test" / "000000.flac"
+    transcribed = subprocess.run([sys.executable, "-m", "asr.transcribe", "--checkpoint", str(folder), str(audio)],
+                                 cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert transcribed.returncode == 0 and transcribed.stdout.startswith(f"{audio}\t"), transcribed.stderr[-3000:]
+    averaged = subprocess.run([sys.executable, "-m", "asr.average", str(tmp_path / "avg.ckpt"), *map(str, checkpoints)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert averaged.returncode == 0, averaged.stderr[-3000:]
+    for name, value in weights(folder).items():  # two folders of the same step: their average is either
+        torch.testing.assert_close(weights(tmp_path / "avg.ckpt")[name], value, msg=name)
+    fit(tmp_path / "fsdp", corpus, *fsdp, "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    resumed = run.parent / "version_1"
+    with open(resumed / "metrics.csv") as f:  # it went on from the folder's step, not from 0
+        assert min(int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss_step")) >= steps(folder)
+    assert load(resumed / "checkpoints" / "last.ckpt")["epoch"] == 1
     merged = convert(folder, tmp_path / "merged.ckpt")
-    assert isinstance(Transcriber.from_checkpoint(merged).transcribe([MINI / "audio" / "test" / "000000.flac"])[0], str)
     assert torch.load(merged, weights_only=True)["optimizer_states"][0]["state"]  # AdamW moments came along
-    resumed = fit(tmp_path / "one", corpus, *small, "--trainer.max_epochs", "2", "--ckpt_path", str(merged))
-    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
+    one = fit(tmp_path / "one", corpus, *small, "--trainer.max_epochs", "2", "--ckpt_path", str(merged))
+    assert torch.load(one / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
-@pytest.mark.parametrize("config, strategy_type", [("ddp", DDPStrategy), ("fsdp", ModelParallelStrategy)])
+@pytest.mark.parametrize("config, strategy_type", [("ddp", DDPStrategy), ("fsdp", ShardedStrategy)])
 def test_strategy_presets_build_the_intended_lightning_objects(config, strategy_type):
     cli = build(["--config", "configs/recipes/demo.yaml", "--config", f"configs/strategy/{config}.yaml"])
     assert type(cli.trainer.strategy) is strategy_type
     assert cli.trainer.num_devices == 2
 
 
-def test_fsdp_preset_writes_one_full_checkpoint():
+def test_fsdp_preset_writes_sharded_checkpoints_in_the_background():
     cli = build(["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml"])
-    assert cli.trainer.strategy._save_distributed_checkpoint is False
+    assert cli.trainer.strategy._save_distributed_checkpoint is True and cli.trainer.strategy.async_save is True
 
 
 class Trainer:  # the fields check_hardware reads from the parsed trainer config

@@ -32,7 +32,7 @@ def test_what_is_not_a_checkpoint_is_named(checkpoint, tmp_path):
     (tmp_path / "cut.ckpt").write_bytes(Path(checkpoint).read_bytes()[:2000])
     torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
     (tmp_path / "folder.ckpt").mkdir()
-    for name, message in [("none.ckpt", "no such file"), ("folder.ckpt", "not a file"),
+    for name, message in [("none.ckpt", "no such file"), ("folder.ckpt", "a folder, not a sharded checkpoint"),
                           ("text.ckpt", "not a checkpoint of asr.fit"), ("cut.ckpt", "not a checkpoint of asr.fit"),
                           ("other.ckpt", "no tokenizer inside")]:
         with pytest.raises(CheckpointError, match=name) as error:

@@ -277,19 +277,24 @@ def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, 
 def loud_frames(feats: torch.Tensor, lengths: torch.Tensor, range_db: float) -> torch.Tensor:
     """(B, T, 1): the frames whose energy (log of the mean power over bins) is within ``range_db`` of the
     utterance's loudest LOUD_FRAMES in a row (a click is too short to be that), which count themselves."""
-    valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]  # (B, T)
-    energy = (feats.float().logsumexp(2) - math.log(feats.shape[2])).masked_fill(~valid, math.log(LOG_FLOOR))
-    smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
+    valid, energy, smooth = frame_energy(feats, lengths)
     loud = smooth.masked_fill(~valid, float("-inf")).amax(1, keepdim=True)  # (B, 1)
     return (energy >= loud - range_db / DB_PER_NEPER).unsqueeze(-1)
+
+
+def frame_energy(feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T) frames inside the utterance, each frame's energy (log of the mean power over bins; padding at the log
+    floor) and that energy averaged over LOUD_FRAMES in a row: what loud_frames and quiet_frames draw their lines on."""
+    valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]
+    energy = (feats.float().logsumexp(2) - math.log(feats.shape[2])).masked_fill(~valid, math.log(LOG_FLOOR))
+    smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
+    return valid, energy, smooth
 
 
 def quiet_frames(feats: torch.Tensor, lengths: torch.Tensor, range_db: float) -> torch.Tensor:
     """(B, T, 1): the frames whose energy is within ``range_db`` of the utterance's quietest LOUD_FRAMES in a
     row; none where that would be every frame (an utterance of one level: noise or silence alone)."""
-    valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]  # (B, T)
-    energy = feats.float().logsumexp(2) - math.log(feats.shape[2])
-    smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
+    valid, energy, smooth = frame_energy(feats, lengths)
     quiet = smooth.masked_fill(~valid, float("inf")).amin(1, keepdim=True)  # (B, 1)
     out = (energy < quiet + range_db / DB_PER_NEPER) & valid
     out &= ~(out.sum(1, keepdim=True) == valid.sum(1, keepdim=True))  # all quiet: count them all

@@ -35,3 +35,22 @@ def load_file(path: str | Path, flag: str) -> dict:
         reason = " ".join(str(err).split()).split(". ")[0][:160] or "empty or cut short"  # torch adds advice
         raise ConfigError(f"{flag} {path}: not a readable checkpoint of asr.fit ({type(err).__name__}: "
                           f"{reason}); a copy cut short, or another kind of file?") from err
+
+
+def precious(output: Path, inputs: list[Path]) -> str:
+    """Why writing ``output`` would destroy what a user wants back: it is one of the ``inputs``, or a
+    checkpoint a run can resume from (its optimizer and loop state would be lost); "" if neither."""
+    if not output.exists():
+        return ""
+    if any(output.resolve() == Path(p).resolve() for p in inputs):
+        return f"{output} is also an input; write the output elsewhere"
+    if output.is_dir():
+        return f"{output} is a folder (a sharded checkpoint of FSDP?); write the output elsewhere"
+    try:
+        checkpoint = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - anything unreadable is not a checkpoint to keep
+        return ""
+    if isinstance(checkpoint, dict) and "optimizer_states" in checkpoint:
+        return (f"{output} is a checkpoint a run resumes from (--ckpt_path); replacing it would lose its "
+                "optimizer and loop state: write the output elsewhere")
+    return ""

@@ -4,8 +4,8 @@ import soundfile
 import torch
 import torchaudio.functional as AF
 
-from asr.audio import (AudioError, FeatureConfig, FeatureExtractor, SpecAugment, SpecAugmentConfig, fast_fft_length,
-                       load_audio, resample)
+from asr.audio import AudioError, FeatureConfig, FeatureExtractor, fast_fft_length, load_audio, resample
+from asr.specaugment import SpecAugment, SpecAugmentConfig
 
 
 def features(sample_rate: int, kind: str = "auto", norm: str = "bin") -> FeatureExtractor:

@@ -25,6 +25,7 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import random
 import time
 import zlib
@@ -181,6 +182,7 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
     from lhotse.shar import LazySharIterator
 
     done, expected = 0, shard.get("utterances", 0)
+    one_s3_client(shard["recording"])
     for attempt in range(1, tries + 1):
         try:
             fields = {"cuts": [shard["cuts"]], "recording": [shard["recording"]]}
@@ -200,6 +202,23 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
                   custom={"source": shard["recording"], "lost": lost,
                           "problem": f"shard unreadable after {tries} tries, its last {lost} utterances skipped: "
                                      f"{failure}"})
+
+
+_S3_CLIENT_OF: list[int] = []  # the process that set lhotse's S3 client up (a data worker forks without it)
+
+
+def one_s3_client(address: str) -> None:
+    """Read every s3:// shard of this process through one S3 client (lhotse's ``SmartOpen.setup``). Left to itself,
+    smart_open makes a client for every file it opens, and a botocore client takes a good part of a second of CPU
+    to build: with 5-utterance shards that was most of a data worker's time (docs/benchmarks.md, 2026-11-26 late
+    night). Made in the process that reads, as boto3 clients must not cross a fork."""
+    if not address.startswith("s3://") or _S3_CLIENT_OF == [os.getpid()]:
+        return
+    import boto3
+    from lhotse.utils import SmartOpen
+
+    SmartOpen.setup(transport_params={"client": boto3.session.Session().client("s3")})
+    _S3_CLIENT_OF[:] = [os.getpid()]
 
 
 def decode(cut) -> tuple[torch.Tensor, int]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asr.audio import HOP_SECONDS, FeatureConfig, FeatureExtractor, SpecAugment, num_frames
+from asr.audio import HOP_SECONDS, FeatureConfig, FeatureExtractor, num_frames
 from asr.models.config import EncoderConfig
 from asr.models.encoder import build_encoder
+from asr.specaugment import SpecAugment
 
 
 class CTCModel(nn.Module):

@@ -35,8 +35,9 @@ from pathlib import Path
 import torch
 
 from asr.atomic import write_atomically
-from asr.checkpoint import missing
+from asr.checkpoint import missing, precious
 from asr.settings import dotted
+from asr.tools.convert import merge, outline
 
 MONITOR = "val/wer"  # what --best ranks by; lower is better
 WER_IN_NAME = re.compile(r"wer(\d+(?:\.\d+)?)")  # configs/trainer.yaml: "epoch{epoch:03d}-wer{val/wer:.4f}"
@@ -51,8 +52,6 @@ class AverageError(ValueError):
 def load(path: Path, weights: bool = True) -> dict:
     """A checkpoint written by asr.fit, a file or a sharded folder (asr.tools.convert.merge), read without running
     pickled code; ``weights=False``: a folder's tensors are not read (``outline``), for ranking it."""
-    from asr.tools.convert import merge, outline  # here: asr.tools.convert imports this module
-
     try:
         if path.is_dir():
             checkpoint = merge(path) if weights else outline(path)
@@ -153,25 +152,6 @@ def save(checkpoint: dict, output: Path) -> None:
     """Write ``checkpoint`` to ``output`` atomically: a temporary file, then a rename."""
     with write_atomically(output) as partial:
         torch.save(checkpoint, partial)
-
-
-def precious(output: Path, inputs: list[Path]) -> str:
-    """Why writing ``output`` would destroy what a user wants back: it is one of the ``inputs``, or a
-    checkpoint a run can resume from (its optimizer and loop state would be lost); "" if neither."""
-    if not output.exists():
-        return ""
-    if any(output.resolve() == Path(p).resolve() for p in inputs):
-        return f"{output} is also an input; write the output elsewhere"
-    if output.is_dir():
-        return f"{output} is a folder (a sharded checkpoint of FSDP?); write the output elsewhere"
-    try:
-        checkpoint = torch.load(output, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - anything unreadable is not a checkpoint to keep
-        return ""
-    if isinstance(checkpoint, dict) and "optimizer_states" in checkpoint:
-        return (f"{output} is a checkpoint a run resumes from (--ckpt_path); replacing it would lose its "
-                "optimizer and loop state: write the output elsewhere")
-    return ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,8 +26,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from asr.atomic import write_atomically
-from asr.checkpoint import METADATA
-from asr.tools.average import precious
+from asr.checkpoint import METADATA, precious
 
 UNREADABLE = "its shards cannot be read (incomplete, or not written by torch.distributed.checkpoint)"
 

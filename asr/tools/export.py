@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.atomic import write_atomically
+from asr.checkpoint import precious
 from asr.inference.decoding import greedy
 from asr.tokenizer import BLANK_ID, Tokenizer
-from asr.tools.average import precious
 
 FORMAT = "asr-ctc-export"  # asr.json's "format": what is_exported looks for
 FORMAT_VERSION = 1

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from asr.audio import FeatureConfig, SpecAugmentConfig
+from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
+from asr.specaugment import SpecAugmentConfig
 
 GROUPS = {"features": FeatureConfig, "encoder": EncoderConfig, "spec_augment": SpecAugmentConfig}
 # old flat name -> (group, field), where the field's name is not the old one

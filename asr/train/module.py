@@ -34,18 +34,20 @@ from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_warn
 
-from asr.audio import FeatureConfig, SpecAugment, SpecAugmentConfig
+from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.scoring import score
 from asr.settings import plain_settings
+from asr.specaugment import SpecAugment, SpecAugmentConfig
 from asr.tokenizer import Tokenizer
 from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
 from asr.train.intervals import all_sum, host_step
 from asr.train.legacy import as_setting, current_names, group_settings
 from asr.train.objectives import CTC
+from asr.train.schedule import WarmupCosine
 from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
@@ -75,7 +77,7 @@ class ASRModule(pl.LightningModule):
             tokenizer: linked from data.tokenizer; its vocab_size sets the CTC head's width.
             features: the feature front end (asr.audio.FeatureConfig); its sample_rate is linked from data.sample_rate.
             encoder: the encoder's shapes (asr.models.config.EncoderConfig).
-            spec_augment: SpecAugment in training (asr.audio.SpecAugmentConfig); null turns it off.
+            spec_augment: SpecAugment in training (asr.specaugment.SpecAugmentConfig); null turns it off.
             inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
                 (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
                 0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
@@ -222,12 +224,17 @@ class ASRModule(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """The loss to backpropagate: this rank's summed loss over the global batch's tokens, times the
         world size, so the ranks' averaged gradients equal the gradient of the global batch's per-token
-        loss as one process would compute it."""
+        loss as one process would compute it. Accumulating micro-batches, the global batch is all of them: each
+        backpropagates its summed loss times the world size, and ``on_before_optimizer_step`` divides the sum
+        of their gradients by their tokens, all known by then (Lightning's mean over micro-batches of each one's
+        per-token loss would weigh a token of a short micro-batch more than one of a long one)."""
         objective, loss_sum, tokens = self._shared_step(batch, "train")
         self.clock = self.timer.time_elapsed("train") if self.timer else 0.0
         utterances = tokens.new_full((1,), len(batch.texts))  # a fill on the device, not a copy from the host
         totals = all_sum(torch.cat([loss_sum.detach().double().view(1), tokens.view(1), utterances]), self.trainer)
         self.step_totals = totals if self.step_totals is None else self.step_totals + totals  # (accumulation)
+        if self.trainer.accumulate_grad_batches > 1:
+            return objective * self.trainer.world_size  # per token in on_before_optimizer_step
         return objective * (self.trainer.world_size / totals[1].clamp(min=1))
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -244,8 +251,10 @@ class ASRModule(pl.LightningModule):
         (loss, tokens, utterances), self.step_totals = self.step_totals, None
         skip = loss.isfinite().logical_not()
         # 16-mixed: the GradScaler skips overflowing gradients and tunes its scale itself
-        if params and getattr(self.trainer.precision_plugin, "scaler", None) is None:
-            grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]  # FSDP2 shards
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]  # FSDP2 shards
+        if grads and self.trainer.accumulate_grad_batches > 1:  # Lightning divided each micro-batch's loss by their count
+            torch._foreach_mul_(grads, (self.trainer.accumulate_grad_batches / tokens.clamp(min=1)).float())
+        if grads and getattr(self.trainer.precision_plugin, "scaler", None) is None:
             skip = skip | any_nonfinite(grads)
         skip = all_sum(skip.double().view(1), self.trainer)[0] > 0  # any rank's: all skip together
         skip_update(optimizer, skip, params)
@@ -376,39 +385,3 @@ def warn_if_validation_was_due(trainer: pl.Trainer) -> None:
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient (ASRModule.max_consecutive_skips)."""
-
-
-class WarmupCosine:
-    """lr multiplier: a linear ramp from 0 to 1 over ``warmup`` steps, times a cosine from 1 down to ``floor``.
-
-    The cosine's progress is the larger of the step progress, (step - warmup) / (total - warmup), and,
-    when the run is bounded by time, the time progress, ``elapsed / duration`` (seconds), so the lr reaches
-    the floor at whichever limit comes first. In a run bounded by time the ramp also ends once
-    ``warmup_share`` of the time has passed: with N = step x duration / elapsed, the steps this machine
-    will make at its rate so far (updated every step), warm-up lasts min(warmup, warmup_share x N) steps,
-    so a machine that makes few steps in the time leaves warm-up all the same. ``total`` may be set after
-    construction (None until then counts as no progress past warm-up); ``elapsed`` is set by the owner of
-    the clock before each scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every
-    rank has one lr).
-    """
-
-    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None,
-                 warmup_share: float = 1.0):
-        self.warmup, self.total, self.floor = warmup, total, floor
-        self.duration, self.elapsed, self.warmup_share = duration, 0.0, warmup_share
-
-    def progress(self, step: int) -> float:
-        """How far along the cosine, 0 to 1: steps past warm-up, or the share of ``duration`` elapsed."""
-        steps = (step - self.warmup) / max(1, (self.total or step) - self.warmup)
-        seconds = self.elapsed / self.duration if self.duration else 0.0
-        return min(1.0, max(0.0, steps, seconds))
-
-    def ramp(self, step: int) -> float:
-        """How far along warm-up, 0 to 1: steps over ``warmup``, or time over ``warmup_share`` of ``duration``."""
-        if self.warmup <= 0:
-            return 1.0
-        seconds = self.elapsed / (self.duration * self.warmup_share) if self.duration else 0.0
-        return min(1.0, max((step + 1) / self.warmup, seconds))
-
-    def __call__(self, step: int) -> float:
-        return self.ramp(step) * (self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * self.progress(step))))

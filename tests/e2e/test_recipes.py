@@ -150,9 +150,9 @@ def test_real_1h_cpu_recipe_trains_end_to_end_on_the_bundled_corpus(tmp_path):
 
 
 def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(tmp_path):
-    """A 40 s run of endless epochs: the logged lr rises over a short warm-up, then only falls, to near the
+    """A 20 s run of endless epochs: the logged lr rises over a short warm-up, then only falls, to near the
     floor (lr * min_lr_ratio) by the last step; the slack allows for the last step and validation."""
-    result = fit(tmp_path, "--trainer.max_time", "00:00:00:40", "--trainer.max_epochs", "-1",
+    result = fit(tmp_path, "--trainer.max_time", "00:00:00:20", "--trainer.max_epochs", "-1",
                  "--trainer.log_every_n_steps", "1", "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2",
                  "--model.encoder.n_layers", "2", "--model.warmup_steps", "10", "--data.tokenizer_type", "char",
                  "--test", "false",

@@ -117,14 +117,20 @@ def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(ranks, 
     """2 micro-batches of 2 utterances, accumulated, make the same SGD steps as batches of 4; under FSDP2, 2 ranks
     of 1 utterance a micro-batch (reduce-scattering on the second only: asr.train.fsdp) as 2 ranks of 2.
 
-    Lightning averages the micro-batches' losses, each a mean over its own tokens; that equals the
-    mean over all tokens when the micro-batches hold as many tokens each, so every utterance here
-    has two tokens. Tolerance: as above, only the summation order differs.
+    The utterances hold 2 to 4 tokens: a mean of the micro-batches' per-token losses (Lightning's own) would
+    differ from the per-token loss of the whole batch. Tolerance: as above, only the summation order differs.
     """
     texts = [json.loads(line)["text"] for line in (MINI / "train.jsonl").read_text().splitlines()]
     tokenizer = Tokenizer.train(texts, "unigram", 64)  # as configs/recipes/demo.yaml: about a piece per word
     tokenizer.save(tmp_path / "tokens.model")
-    manifest = padded_corpus(tmp_path, 8, keep=lambda row: len(tokenizer.encode(row["text"])) == 2)
+    counts = iter([4, 2, 3, 2, 4, 2, 3, 2])  # the tokens of each utterance taken, in the manifest's order
+    wanted = [next(counts)]
+    def keep(row):
+        if len(tokenizer.encode(row["text"])) != wanted[-1]:
+            return False
+        wanted.append(next(counts, 0))
+        return True
+    manifest = padded_corpus(tmp_path, 8, keep=keep)
     assert len(manifest.read_text().splitlines()) == 8
     one = ["--trainer.max_epochs", "2", "--data.max_duration", str(SECONDS), "--data.tokenizer_model",
            str(tmp_path / "tokens.model"), *DETERMINISTIC]

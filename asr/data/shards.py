@@ -66,6 +66,7 @@ def read_bytes(address: str, flag: str) -> bytes:
     """The whole file at a path or URL (lhotse's open_best: smart_open for https:// and s3://)."""
     from lhotse.serialization import open_best
 
+    one_s3_client(address)
     try:
         with open_best(address, "rb") as f:
             return f.read()
@@ -208,10 +209,11 @@ _S3_CLIENT_OF: list[int] = []  # the process that set lhotse's S3 client up (a d
 
 
 def one_s3_client(address: str) -> None:
-    """Read every s3:// shard of this process through one S3 client (lhotse's ``SmartOpen.setup``). Left to itself,
-    smart_open makes a client for every file it opens, and a botocore client takes a good part of a second of CPU
-    to build: with 5-utterance shards that was most of a data worker's time (docs/benchmarks.md, 2026-11-26 late
-    night). Made in the process that reads, as boto3 clients must not cross a fork."""
+    """Read every s3:// file of this process (index, tokenizer, shards) through one S3 client (lhotse's
+    ``SmartOpen.setup``). Left to itself, smart_open makes a client for every file it opens, and a botocore client
+    takes a good part of a second of CPU to build: with 5-utterance shards that was most of a data worker's time
+    (docs/benchmarks.md, 2026-11-26 late night). Made in the process that reads, as boto3 clients must not cross a
+    fork."""
     if not address.startswith("s3://") or _S3_CLIENT_OF == [os.getpid()]:
         return
     import boto3

@@ -139,11 +139,16 @@ def resolved_model(*args: str) -> dict:
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml")))
 def test_a_size_preset_keeps_its_block_over_the_demo_recipe(preset):
     """the demo recipe's Conformer must not turn `--config configs/model/small.yaml` (the README's own-data command,
-    asr.bench's presets) into a Conformer, nor give the larger Conformers its 15-frame convolution: stacked on it."""
+    asr.bench's presets) into a Conformer, nor give the larger Conformers its 7-frame convolution or 8x subsampling: stacked on it."""
     model = resolved_model("--config", str(DEFAULT_CONFIG), "--config", str(CONFIGS / "model" / f"{preset}.yaml"))
     assert model["encoder"]["block"] == ("conformer" if preset.startswith("conformer") else "transformer")
     if preset in ("conformer-small", "conformer-base"):
         assert model["encoder"]["conv_kernel"] == EncoderConfig.conv_kernel
+    if preset != "conformer-tiny":  # the demo recipe's own model; the others keep their front end and its windows
+        own = yaml.safe_load((CONFIGS / "model" / f"{preset}.yaml").read_text())["model"]["encoder"]
+        assert model["encoder"]["subsampling"] == own.get("subsampling", 4)
+        assert model["encoder"]["conv_channels"] == own.get("conv_channels", 0)
+        assert model["encoder"]["attention_window"] == own["attention_window"]
 
 
 def test_the_default_run_trains_conformer_tiny():

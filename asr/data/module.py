@@ -243,7 +243,7 @@ class ASRDataModule(pl.LightningDataModule):
         needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # CTC needs a blank between repeats
         if needed > frames:
             at = f" at speed {speed:g}" if speed != 1.0 else ""
-            detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s{at} gives {frames} encoder frames"
+            detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s{at} gives {frames} encoder frames (model.encoder.subsampling {hp.subsampling})"
             return mf.Problem(utt.source, "too short for its transcript", detail)
         return None
 

@@ -14,6 +14,7 @@ from asr.data.faults import DataFaultError
 from asr.data.dataset import random_voice
 from tests import REPO
 from tests.data.test_module import datamodule, validated_epochs
+from tests.cli import CHAR_FRAMES
 
 
 BREAK = {
@@ -111,7 +112,7 @@ def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_nam
 
     cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "3",
                  "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-                 "--data.tokenizer_type", "char", "--data.train_manifest", str(corpus.train),
+                 "--data.tokenizer_type", "char", *CHAR_FRAMES, "--data.train_manifest", str(corpus.train),
                  "--data.val_manifest", str(corpus.dev), "--data.test_manifest", "null",
                  "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5",
                  "--data.cache_audio_mb", "0"])  # read every epoch (kept audio is never lost: tests/data/test_module.py)
@@ -136,7 +137,7 @@ def ddp_fit(corpus, tmp_path, *args: str) -> subprocess.CompletedProcess:
                "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.max_epochs", "2",
                "--test", "false",
                "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-               "--data.tokenizer_type", "char", "--data.num_workers", "0", "--data.max_batch_seconds", "1.3",
+               "--data.tokenizer_type", "char", *CHAR_FRAMES, "--data.num_workers", "0", "--data.max_batch_seconds", "1.3",
                "--data.max_duration", "1.3", "--data.shuffle", "false", "--data.train_manifest", str(corpus.train),
                "--data.val_manifest", str(corpus.dev), *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

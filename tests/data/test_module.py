@@ -14,6 +14,7 @@ from asr.data.manifest import ManifestError
 from asr.data.batch import Batch
 from asr.data.module import ASRDataModule
 from asr.data.sampler import split_item
+from tests.cli import CHAR_FRAMES
 
 
 # ASRDataModule
@@ -193,7 +194,7 @@ def test_the_default_run_keeps_each_utterance_once_per_speed(corpus, monkeypatch
     from asr.train.fit import build
 
     cli = build(["--data.train_manifest", str(corpus.train), "--data.val_manifest", str(corpus.dev),
-                 "--data.test_manifest", "null", "--data.tokenizer_type", "char"])
+                 "--data.test_manifest", "null", "--data.tokenizer_type", "char", *CHAR_FRAMES])
     cli.datamodule.setup("fit")
     dataset = cli.datamodule.datasets["train"]
     reads = counting_reads(monkeypatch)
@@ -232,7 +233,7 @@ def fit_quietly(tmp_path, train, dev, *args: str):
 
     cli = main(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_model_summary", "false",
                 "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-                "--data.tokenizer_type", "char",
+                "--data.tokenizer_type", "char", *CHAR_FRAMES,
                 "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", "null",
                 "--data.num_workers", "0", *args])
     return cli.trainer.log_dir

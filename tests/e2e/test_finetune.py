@@ -9,6 +9,7 @@ import torch
 
 from asr.tokenizer import Tokenizer
 from tests.e2e.test_resilience import DETERMINISTIC, SMALL, data, run, versions  # noqa: F401  (data: a fixture)
+from tests.cli import CHAR_FRAMES
 
 EVERY_STEP = '--trainer.callbacks+={"class_path": "pytorch_lightning.callbacks.ModelCheckpoint", ' \
              '"init_args": {"dirpath": "%s", "filename": "{step}", "save_top_k": -1, "every_n_train_steps": 1}}'
@@ -29,10 +30,11 @@ def encoder_equal(a: dict, b: dict) -> bool:
 
 
 def test_a_run_from_a_checkpoint_with_a_new_vocabulary_holds_the_encoder_still_then_trains_it(data, tmp_path):
-    fit(*data, "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "source"))
+    # the new run trains characters, so both take the 40 ms front end (CHAR_FRAMES): the shapes must match
+    fit(*data, *CHAR_FRAMES, "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "source"))
     source = versions(tmp_path / "source")[0] / "checkpoints" / "last.ckpt"
     steps = tmp_path / "steps"
-    result = fit(*data, "--model.init_from", str(source), "--data.tokenizer_type", "char",
+    result = fit(*data, "--model.init_from", str(source), "--data.tokenizer_type", "char", *CHAR_FRAMES,
                  "--model.finetune.freeze_steps", "2", "--trainer.max_steps", "3", EVERY_STEP % steps,
                  "--trainer.logger.init_args.save_dir", str(tmp_path / "tuned"))
     said = result.stdout + result.stderr

@@ -21,11 +21,12 @@ from asr.configs import CONFIGS
 from asr.inference.transcribe import Transcriber
 from asr.train.fit import main
 from tests import MINI, REPO
+from tests.cli import CHAR_FRAMES
 
 # A small char model: it leaves the all-blank stage within a few hundred steps, so ten quick
 # epochs are enough to transcribe something (the default unigram model needs more).
 TINY = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-        "--model.warmup_steps", "20", "--data.tokenizer_type", "char"]
+        "--model.warmup_steps", "20", "--data.tokenizer_type", "char", *CHAR_FRAMES]
 RUN = ["--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.max_duration", "8"]  # the shared run
 
 

@@ -17,6 +17,7 @@ import torch
 
 from tests.e2e.test_resilience import SMALL, data, run, versions  # noqa: F401  (data: a fixture)
 from tests.faults import signal_at
+from tests.cli import CHAR_FRAMES
 
 
 def asr(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -132,7 +133,7 @@ def test_a_sharded_folder_cut_short_is_passed_over_and_one_is_resumed_under_fsdp
 
 @pytest.mark.parametrize("change, message", [
     (["--model.encoder.d_model", "96"], "weights differ in shape, e.g. model."),
-    (["--data.tokenizer_type", "char"], "its tokenizer is another"),
+    (["--data.tokenizer_type", "char", *CHAR_FRAMES], "its tokenizer is another"),
     (["--data.sample_rate", "8000"], "its input features differ (features.sample_rate 16000 -> 8000"),
 ])
 def test_resuming_another_model_is_refused_naming_what_differs(change, message, finished):

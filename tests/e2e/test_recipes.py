@@ -22,6 +22,7 @@ from asr.configs import CONFIGS
 from asr.train import cost
 from asr.train.fit import DEFAULT_CONFIG, ConfigError, build, check_hardware, main
 from tests import REPO
+from tests.cli import CHAR_FRAMES
 
 RECIPES = CONFIGS / "recipes"
 MINI = ["--data.train_manifest", "data/mini/train.jsonl", "--data.val_manifest", "data/mini/dev.jsonl",
@@ -154,7 +155,7 @@ def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(t
     floor (lr * min_lr_ratio) by the last step; the slack allows for the last step and validation."""
     result = fit(tmp_path, "--trainer.max_time", "00:00:00:20", "--trainer.max_epochs", "-1",
                  "--trainer.log_every_n_steps", "1", "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2",
-                 "--model.encoder.n_layers", "2", "--model.warmup_steps", "10", "--data.tokenizer_type", "char",
+                 "--model.encoder.n_layers", "2", "--model.warmup_steps", "10", "--data.tokenizer_type", "char", *CHAR_FRAMES,
                  "--test", "false",
                  "--data.on_bad_line", "skip",  # two of data/mini's fastest lines are too short for char CTC
                  timeout=400)

@@ -10,6 +10,7 @@ import pytest
 
 from asr.tools.shard import shard
 from tests.data.test_shards import mini
+from tests.cli import CHAR_FRAMES
 from tests.e2e.test_resilience import SMALL, last_checkpoint, run
 from tests.faults import signal_at
 from tests.servers import s3_server, web_server
@@ -29,8 +30,8 @@ def corpus(tmp_path_factory):
 
 def fit(out, *args: str, ok: bool = True):
     """python -m asr.fit in its own process group, killed at a timeout; its environment is this process' (the
-    servers' addresses and credentials)."""
-    result = run([sys.executable, "-m", "asr.fit", *args, "--trainer.logger.init_args.save_dir", str(out)])
+    servers' addresses and credentials). The shards hold characters: the 40 ms front end (CHAR_FRAMES) after ``args``."""
+    result = run([sys.executable, "-m", "asr.fit", *args, *CHAR_FRAMES, "--trainer.logger.init_args.save_dir", str(out)])
     if ok:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -146,8 +146,8 @@ def test_a_size_preset_keeps_its_block_over_the_demo_recipe(preset):
         assert model["encoder"]["conv_kernel"] == EncoderConfig.conv_kernel
     if preset != "conformer-tiny":  # the demo recipe's own model; the others keep their front end and its windows
         own = yaml.safe_load((CONFIGS / "model" / f"{preset}.yaml").read_text())["model"]["encoder"]
-        assert model["encoder"]["subsampling"] == own.get("subsampling", 4)
-        assert model["encoder"]["conv_channels"] == own.get("conv_channels", 0)
+        assert model["encoder"]["subsampling"] == own["subsampling"]
+        assert model["encoder"]["conv_channels"] == own["conv_channels"]
         assert model["encoder"]["attention_window"] == own["attention_window"]
 
 

@@ -1,8 +1,13 @@
 """Command-line pieces that several test modules pass to asr.fit."""
 
+import sys
 from dataclasses import fields
+from unittest import mock
+
+import pytest
 
 from asr.data.augment import Augmentation
+from asr.train.fit import run as fit_command
 
 # Every waveform augmentation off (configs/recipes/demo.yaml turns several on): no randomness in the data,
 # so that a resumed or a distributed run can be compared with an uninterrupted single-process one.
@@ -14,3 +19,18 @@ NO_AUGMENTATION = [arg for f in fields(Augmentation) if f.name.endswith("_prob")
 # the front end it had at 40 ms frames (4x at d_model channels, attention +-4 frames, a 15-frame convolution).
 CHAR_FRAMES = ["--model.encoder.subsampling", "4", "--model.encoder.conv_channels", "0",
                "--model.encoder.attention_window", "4", "--model.encoder.conv_kernel", "15"]
+
+
+def refused(*args: str) -> str:
+    """asr.fit's command with ``args`` in this process, where it must stop before training: the message it exits
+    with (``python -m asr.fit`` prints it last and exits 1)."""
+    with pytest.raises(SystemExit) as stop, mock.patch.object(sys, "argv", ["asr.fit"]):  # not pytest's arguments
+        fit_command(list(args))
+    assert isinstance(stop.value.code, str), f"exit status {stop.value.code}, not a one-line error"
+    return stop.value.code
+
+
+def one_line_refusal(message_out: str, message: str) -> None:
+    """``message_out`` (of ``refused``) says ``message`` on its last line, after the command's name."""
+    last = message_out.strip().splitlines()[-1]
+    assert message_out.startswith("asr.fit: error: ") and message in last, message_out[-1000:]

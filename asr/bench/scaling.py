@@ -24,7 +24,7 @@ the model's sample rate in utterances of ``--utterance_seconds``, as ``data.max_
   warm-up step, and here gradients are zeroed, not freed, after each step). glibc is told to return every large block at once
   (MALLOC_MMAP_THRESHOLD_), so resident memory follows live tensors; a thread samples
   /proc/self/statm every millisecond. That costs page faults, so memory is measured in
-  a separate process per configuration, and never timed.
+  a separate process per configuration (two at a time), and never timed.
 - DDP: 2 processes (gloo, one thread each), each stepping on a batch like the single
   process's, so the throughput ratio is 2 x (single step time) / (DDP step time).
 """
@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -215,7 +216,9 @@ def report(args) -> list[str]:
     times |= child(args, "ddp")
     low_memory = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     configs = configurations(args)
-    memory = {name: child(args, "memory", low_memory, *config)["activation_mb"] for name, config in configs.items()}
+    with ThreadPoolExecutor(2) as pool:  # memory is never timed: two processes at a time, each its own resident memory
+        measured = {name: pool.submit(child, args, "memory", low_memory, *config) for name, config in configs.items()}
+        memory = {name: future.result()["activation_mb"] for name, future in measured.items()}
     rows = [f"| {args.preset} | {name} | {spread(times[name])} | {memory[name]:.0f} |" for name in configs]
     rows.append(f"| {args.preset} | DDP, 2 processes, each a batch like the above | {spread(times['ddp'])} | |")
 

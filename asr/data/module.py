@@ -107,7 +107,8 @@ class ASRDataModule(pl.LightningDataModule):
                 reads only their index; training is by steps (trainer.max_steps or max_time).
             train_shard_weights: with several train_shards, how often each is drawn from (default: equally).
             shard_buffer: cuts each data worker holds to bucket and shuffle shard audio (memory: this many
-                utterances' FLAC audio per worker, ~14 kB per second of 16 kHz speech: 1.4 GB at 10 s each).
+                utterances' FLAC audio per worker, ~14 kB per second of 16 kHz speech: 1.4 GB at 10 s each),
+                at most the cuts of one pass over the worker's shards.
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:

@@ -25,6 +25,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import random
 import time
@@ -326,6 +327,16 @@ class ShardStream(IterableDataset):
             *streams, weights=self.weights, seed=zlib.crc32(f"{seed}-{self.rank}-{worker}-mux".encode()))
         return cuts.map(self.batcher.prepare).filter(self.batcher.usable)
 
+    def buffer_size(self, worker: int, workers: int) -> int:
+        """The sampler's buffer: ``buffer`` cuts, but never more than one pass of this reader's shards holds. The
+        sampler fills its buffer before the first batch, so a larger one would read a small corpus pass after pass
+        (data/mini's 40 utterances 250 times over for 10,000 cuts) and hold copies of the same cuts."""
+        share = 0
+        for corpus in self.corpora:  # a pass gives each reader the same number of shards, of a mean size
+            mine = len(range(len(corpus.shards))[self.rank::self.world][worker::workers])
+            share += math.ceil(corpus.utterances * mine / len(corpus.shards))
+        return max(1, min(self.buffer, share))
+
     def __iter__(self):
         from lhotse.dataset import DynamicBucketingSampler
 
@@ -333,7 +344,7 @@ class ShardStream(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         sampler = DynamicBucketingSampler(
             self.cuts(worker, workers), max_duration=self.max_batch_seconds, shuffle=True,
-            duration_bins=mixed_bins(self.corpora, self.weights), buffer_size=self.buffer,
+            duration_bins=mixed_bins(self.corpora, self.weights), buffer_size=self.buffer_size(worker, workers),
             seed=zlib.crc32(f"{self.seed}-{self.start}-{self.rank}-{worker}".encode()),
             world_size=1, rank=0)
         for cuts in sampler:

@@ -382,10 +382,10 @@ class CollectiveTimeout(RuntimeError):
 warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(train|val|test|cost)/")
 
 
-def run() -> None:
-    """The command, as ``asr ...`` and ``python -m ...`` run it (see asr.__main__)."""
+def run(args: list[str] | None = None) -> None:
+    """The command, as ``asr ...`` and ``python -m ...`` run it (see asr.__main__): ``args`` or sys.argv's."""
     try:
-        main()
+        main(args)
     except Preempted as stop:  # a checkpoint was written: a clean exit that a requeued job resumes from
         print(f"asr.fit: {stop}", file=sys.stderr)
         if stop.signal == "SIGINT":

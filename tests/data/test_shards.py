@@ -120,6 +120,24 @@ def test_two_workers_read_every_utterance_of_a_pass_in_batches_of_similar_length
     assert 1 - audio / padded < 0.15
 
 
+def test_a_reader_buffers_at_most_one_pass_of_its_shards(shards, monkeypatch):
+    """data.shard_buffer's 10,000 cuts are more than 60 utterances hold: the first batch comes after one pass over
+    the reader's shards, not after reading them again and again to fill the buffer with copies of the same cuts."""
+    from asr.data import shards as module
+
+    index, real, reads = ShardIndex.read(str(shards), "x"), module.read_shard, Counter()
+
+    def counted(shard, *args, **kwargs):
+        reads[shard["cuts"]] += 1
+        yield from real(shard, *args, **kwargs)
+
+    monkeypatch.setattr(module, "read_shard", counted)
+    stream = ShardStream([index], [1.0], batcher(index), 8.0, seed=0, rank=1, world=2, buffer=10_000)
+    assert stream.buffer_size(0, 1) == 30  # rank 1 of 2 reads 3 of the 6 shards of 10 in a pass
+    assert next(iter(stream)).texts
+    assert 3 <= sum(reads.values()) <= 4 and max(reads.values()) == 1, reads  # 10,000 cuts: 1,000 reads
+
+
 def test_a_resumed_stream_is_reseeded_from_its_step_and_repeatable(shards):
     index = ShardIndex.read(str(shards), "x")
 

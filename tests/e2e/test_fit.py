@@ -21,7 +21,7 @@ from asr.configs import CONFIGS
 from asr.inference.transcribe import Transcriber
 from asr.train.fit import main
 from tests import MINI, REPO
-from tests.cli import CHAR_FRAMES
+from tests.cli import CHAR_FRAMES, one_line_refusal, refused
 
 # A small char model: it leaves the all-blank stage within a few hundred steps, so ten quick
 # epochs are enough to transcribe something (the default unigram model needs more).
@@ -172,18 +172,22 @@ def test_unknown_config_key_is_named(capsys):
     assert "d_modle" in capsys.readouterr().err
 
 
+def test_a_setting_a_constructor_refuses_is_one_line_naming_it_and_exit_status_1():
+    """As a process: the one line is the last of stderr, no traceback, exit status 1 (tests/cli.py's ``refused``
+    runs the same command in the test's process, as the other refusals below and in test_fit_errors.py do)."""
+    result = subprocess.run([sys.executable, "-m", "asr.fit", "--data.augmentation.noise_prob", "2",
+                             "--trainer.max_epochs", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == refused("--data.augmentation.noise_prob", "2") == (
+        "asr.fit: error: data.augmentation.noise_prob must be a probability in [0, 1], got 2.0")
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--data.augmentation.noise_prob", "2"],
-     "asr.fit: error: data.augmentation.noise_prob must be a probability in [0, 1], got 2.0"),
-    (["--model.encoder.block", "conformer", "--model.encoder.conv_kernel", "4"],
-     "asr.fit: error: model.encoder.conv_kernel must be odd"),
-    (["--data.max_dropped_share", "3"], "asr.fit: error: data.max_dropped_share must be between 0 and 1"),
+    (["--model.encoder.block", "conformer", "--model.encoder.conv_kernel", "4"], "model.encoder.conv_kernel must be odd"),
+    (["--data.max_dropped_share", "3"], "data.max_dropped_share must be between 0 and 1"),
 ])
 def test_a_setting_a_constructor_refuses_is_one_line_naming_it(args, message):
-    result = subprocess.run([sys.executable, "-m", "asr.fit", *args, "--trainer.max_epochs", "0"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    one_line_refusal(refused(*args, "--trainer.max_epochs", "0"), message)
 
 
 @pytest.mark.parametrize("args, flag, path", [
@@ -191,14 +195,13 @@ def test_a_setting_a_constructor_refuses_is_one_line_naming_it(args, message):
     (["--data.val_manifest", "dev.jsonl"], "val", "dev.jsonl"),
     (["--data.test_manifest", "test.jsonl"], "test", "test.jsonl"),  # named before training, not after it
 ])
-def test_a_missing_manifest_is_one_line_naming_its_flag(tmp_path, args, flag, path):
+def test_a_missing_manifest_is_one_line_naming_its_flag(tmp_path, monkeypatch, args, flag, path):
     bundled = [] if flag == "train" else [arg for split, name in (("train", "train"), ("val", "dev"), ("test", "test"))
                                           for arg in (f"--data.{split}_manifest", str(MINI / f"{name}.jsonl"))]
-    result = subprocess.run([sys.executable, "-m", "asr.fit", *bundled, *args, "--trainer.logger.init_args.save_dir",
-                             str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    monkeypatch.chdir(tmp_path)
+    message = refused(*bundled, *args, "--trainer.logger.init_args.save_dir", str(tmp_path))
     where = f"relative paths start from the current folder, {tmp_path}"
-    assert result.stderr.strip().splitlines()[-1] == f"asr.fit: error: data.{flag}_manifest: manifest {path} does not exist ({where})"
+    assert message == f"asr.fit: error: data.{flag}_manifest: manifest {path} does not exist ({where})"
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
@@ -211,13 +214,10 @@ def test_bad_lines_over_the_share_stop_before_training_with_one_line(tmp_path):
     train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 50)
     with open(train, "a") as f:
         f.write("{not json\n" + json.dumps({"audio_filepath": "gone.flac", "duration": 1.0, "text": "call"}) + "\n")
-    result = subprocess.run([sys.executable, "-m", "asr.fit", "--data.train_manifest", str(train),
-                             "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "asr.fit: error: " + str(train) + ": 2 of 52 lines are unusable (1 malformed json, 1 missing audio file), " \
-           "more than data.max_dropped_share=0.01 allows:" in result.stderr
-    assert f"{train}:51: malformed json" in result.stderr and not list(tmp_path.rglob("*.ckpt"))
+    message = refused("--data.train_manifest", str(train), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"))
+    assert message.startswith("asr.fit: error: " + str(train) + ": 2 of 52 lines are unusable (1 malformed json, "
+                              "1 missing audio file), more than data.max_dropped_share=0.01 allows:")
+    assert f"{train}:51: malformed json" in message and not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_print_config_shows_the_linked_resolved_config(capsys):

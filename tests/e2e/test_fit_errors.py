@@ -1,8 +1,10 @@
 """asr.fit on a bad day (issue 39): what a user can get wrong, or a machine can do to a run, ends with one line
 that names the flag, file or folder, an exit code that is not 0, and no file a user wants back replaced.
 
-Each case is a subprocess of ``python -m asr.fit`` (or asr.average, asr.export) as a user runs it, with
-tests/e2e/test_resilience.py's timeout: a hang fails the test.
+A case that trains, signals or reads what a run prints is a subprocess of ``python -m asr.fit`` (or asr.average,
+asr.export) as a user runs it, with tests/e2e/test_resilience.py's timeout: a hang fails the test. A setting refused
+before training is the command's own function (``refused``) in this process, which spares each case the 5-6 s
+of imports a new process costs on a 2-core CPU; tests/e2e/test_fit.py runs such a refusal as a process too.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from tests.e2e.test_resilience import SMALL, data, run, versions  # noqa: F401  (data: a fixture)
 from tests.faults import signal_at
-from tests.cli import CHAR_FRAMES
+from tests.cli import CHAR_FRAMES, one_line_refusal, refused
 
 
 def asr(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -70,7 +72,7 @@ def bad_file(tmp_path: Path, kind: str) -> Path:
     (["--trainer.logger.init_args.save_dir", "/proc/asr-runs"], "run folder /proc/asr-runs/default/version_0 cannot be written"),
 ])
 def test_a_setting_out_of_range_is_one_line_with_the_range(args, message, tmp_path):
-    one_line_error(asr("fit", "--trainer.logger.init_args.save_dir", str(tmp_path), *args), message)
+    one_line_refusal(refused("--trainer.logger.init_args.save_dir", str(tmp_path), *args), message)
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
@@ -78,14 +80,14 @@ def test_a_setting_out_of_range_is_one_line_with_the_range(args, message, tmp_pa
                                           ("text", "not a sentencepiece model or checkpoint of asr")])
 def test_a_tokenizer_file_that_is_not_one_is_named_by_its_flag(kind, reason, tmp_path):
     path = bad_file(tmp_path, kind)
-    one_line_error(asr("fit", "--data.tokenizer_model", str(path), "--trainer.logger.init_args.save_dir",
-                       str(tmp_path)), f"data.tokenizer_model {path}: {reason}")
+    one_line_refusal(refused("--data.tokenizer_model", str(path), "--trainer.logger.init_args.save_dir", str(tmp_path)),
+                     f"data.tokenizer_model {path}: {reason}")
 
 
 def test_a_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("trainer:\n  max_epochs: [3\nmodel:\n  encoder:\n    d_model: 64\n")
-    one_line_error(asr("fit", "--config", str(config)), f"--config {config}: not valid YAML at line 3")
+    one_line_refusal(refused("--config", str(config)), f"--config {config}: not valid YAML at line 3")
 
 
 @pytest.mark.parametrize("kind, reason", [("missing", "no such file"), ("text", "not a readable checkpoint"),
@@ -96,7 +98,7 @@ def test_a_checkpoint_to_resume_that_is_not_one_is_named(kind, reason, finished,
     if kind == "cut":  # a copy interrupted half way
         whole = (versions(out)[0] / "checkpoints" / "last.ckpt").read_bytes()
         path.write_bytes(whole[: len(whole) // 2])
-    one_line_error(asr("fit", *args, "--ckpt_path", str(path)), f"--ckpt_path {path}: {reason}")
+    one_line_refusal(refused(*args, "--ckpt_path", str(path)), f"--ckpt_path {path}: {reason}")
 
 
 def test_ckpt_path_last_passes_over_a_newest_checkpoint_cut_short_for_the_one_before(finished, tmp_path):
@@ -127,7 +129,7 @@ def test_a_sharded_folder_cut_short_is_passed_over_and_one_is_resumed_under_fsdp
     said = result.stdout + result.stderr
     assert f"--ckpt_path last: passing over {newer}: its shards cannot be read" in said
     assert result.returncode == 0 and "nothing to train" in said  # the file of version_0 had finished its epoch
-    one_line_error(asr("fit", *args, "--ckpt_path", str(newer)), f"--ckpt_path {newer} is a sharded checkpoint "
+    one_line_refusal(refused(*args, "--ckpt_path", str(newer)), f"--ckpt_path {newer} is a sharded checkpoint "
                    f"folder, which only configs/strategy/fsdp.yaml resumes from; make it one file for this strategy")
 
 
@@ -138,7 +140,7 @@ def test_a_sharded_folder_cut_short_is_passed_over_and_one_is_resumed_under_fsdp
 ])
 def test_resuming_another_model_is_refused_naming_what_differs(change, message, finished):
     out, args = finished
-    one_line_error(asr("fit", *args, "--trainer.max_epochs", "2", *change, "--ckpt_path", "last"), message)
+    one_line_refusal(refused(*args, "--trainer.max_epochs", "2", *change, "--ckpt_path", "last"), message)
 
 
 def test_a_tokenizer_of_the_same_size_but_other_pieces_is_refused_on_resume(finished, tmp_path, data):
@@ -148,15 +150,15 @@ def test_a_tokenizer_of_the_same_size_but_other_pieces_is_refused_on_resume(fini
     changed = tmp_path / "train.jsonl"
     changed.write_text(train.read_text().replace("call", "cull"))
     args = [a if a != str(train) else str(changed) for a in args]
-    one_line_error(asr("fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last"), "its tokenizer is another")
+    one_line_refusal(refused(*args, "--trainer.max_epochs", "2", "--ckpt_path", "last"), "its tokenizer is another")
 
 
 def test_a_finished_run_folder_is_not_reused_unless_asked(finished):
     out, args = finished
     before = snapshot(out)
-    result = asr("fit", *args, "--trainer.logger.init_args.version", "0")
-    one_line_error(result, "already holds a run")
-    assert "--ckpt_path last" in result.stderr and "--overwrite true" in result.stderr
+    message = refused(*args, "--trainer.logger.init_args.version", "0")
+    one_line_refusal(message, "already holds a run")
+    assert "--ckpt_path last" in message and "--overwrite true" in message
     assert snapshot(out) == before
 
 
@@ -205,6 +207,6 @@ def test_a_full_disk_while_a_checkpoint_is_written_names_the_file_and_keeps_the_
 
 
 def test_a_run_folder_without_room_for_two_checkpoints_is_refused_before_the_first_step(small_disk):
-    result = asr("fit", "--trainer.logger.init_args.save_dir", str(small_disk), "--model.encoder.d_model", "256")
-    one_line_error(result, "MiB free, and two checkpoints of this model need")
+    message = refused("--trainer.logger.init_args.save_dir", str(small_disk), "--model.encoder.d_model", "256")
+    one_line_refusal(message, "MiB free, and two checkpoints of this model need")
     assert not list(small_disk.rglob("*.ckpt"))

@@ -16,26 +16,20 @@ from tests.e2e.test_resilience import (DETERMINISTIC, SMALL, STEP_CHECKPOINTS, S
 from tests.faults import signal_at
 
 
-EPOCH_END_CHECKPOINTS = '--trainer.callbacks+={"class_path": "pytorch_lightning.callbacks.ModelCheckpoint", ' \
-                        '"init_args": {"filename": "end{epoch}", "auto_insert_metric_name": false, "save_top_k": -1, ' \
-                        '"monitor": "epoch", "mode": "max", "save_on_train_epoch_end": true}}'
-
-
 @pytest.mark.parametrize("strategy, max_steps", [("single", []), ("single", ["--trainer.max_steps", "100"]),
                                                  ("ddp", ["--trainer.max_steps", "100"])])
-def test_resume_from_an_epoch_end_checkpoint_trains_the_next_epoch(strategy, max_steps, data, tmp_path):
-    """A 2-epoch run keeps the checkpoint written at epoch 0's end (as last.ckpt is); a run resumed from it trains
-    epoch 1 to the uninterrupted run's losses and weights, also with max_steps set (issue 44: it trained nothing)."""
+def test_resume_from_an_epoch_end_checkpoint_trains_the_next_epoch(strategy, max_steps, reference, data, tmp_path):
+    """The 2-epoch reference run keeps the checkpoint written at epoch 0's end (as last.ckpt is); a run resumed from
+    it trains epoch 1 to the uninterrupted run's losses and weights, also with max_steps set (issue 44: it trained
+    nothing)."""
     args = [*STRATEGIES[strategy], "--trainer.max_epochs", "2", *SMALL, *DETERMINISTIC, *data]
-    reference = tmp_path / "reference"
-    fit(reference, *args, EPOCH_END_CHECKPOINTS)
-    (end0,) = reference.glob("default/version_0/checkpoints/end0.ckpt")
+    (end0,) = reference(strategy).glob("default/version_0/checkpoints/end0.ckpt")
     first = torch.load(end0, weights_only=True)
     assert first["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1  # written at the epoch's end
     resumed = tmp_path / "resumed"
     fit(resumed, *args, *max_steps, "--ckpt_path", str(end0))
-    assert last_checkpoint(resumed)["global_step"] == 2 * first["global_step"] == last_checkpoint(reference)["global_step"]
-    assert_same_run(resumed, reference, stopped_at=first["global_step"])
+    assert last_checkpoint(resumed)["global_step"] == 2 * first["global_step"] == last_checkpoint(reference(strategy))["global_step"]
+    assert_same_run(resumed, reference(strategy), stopped_at=first["global_step"])
 
 
 def test_resume_from_a_step_interval_checkpoint_with_max_steps_repeats_the_run(reference, data, tmp_path):

@@ -19,6 +19,7 @@ trials.csv and PNG plots (asr/study/report.py); asr/study/data.py draws the subs
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -40,6 +42,7 @@ from asr.atomic import write_atomically
 from asr.study.analysis import Target, check_window, projections, smoothed, steps_to_converge, stopped_early
 from asr.study.data import draw_subsets, subset_path, tokenizer_path
 from asr.train.fit import CONFIGS
+from asr.train.fit import run as fit_command
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
 PLAN, BASE = "study.yaml", "base_config.yaml"  # in --out: the study's settings, the trials' shared asr.fit config
@@ -149,12 +152,22 @@ def config_args(study: Study) -> list[str]:
 
 
 def resolve_base(study: Study) -> dict:
-    """The trials' shared asr.fit config, resolved by asr.fit itself (--print_config)."""
-    command = [sys.executable, "-m", "asr.fit", *config_args(study), *study.fit_args, "--print_config"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        raise StudyError(f"fit_configs / fit_args do not make an asr.fit config:\n{done.stderr.strip()}")
-    base = yaml.safe_load(done.stdout)
+    """The trials' shared asr.fit config, resolved by asr.fit itself (``--print_config``), in this process: it has
+    imported what asr.fit needs already, and a process of its own would spend 5-6 s on the same imports."""
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = argv[:1]  # the arguments are the study's, not asr.fit's
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            fit_command([*config_args(study), *study.fit_args, "--print_config"])
+        stop = "asr.fit --print_config printed no config"
+    except SystemExit as exit_:
+        stop = exit_.code
+    finally:
+        sys.argv = argv
+    if stop:  # a message of asr.fit's, or the parser's exit status after its own lines
+        said = stop if isinstance(stop, str) else err.getvalue().strip()
+        raise StudyError(f"fit_configs / fit_args do not make an asr.fit config:\n{said}")
+    base = yaml.safe_load(out.getvalue())
     if not base["data"].get("test_manifest"):
         raise StudyError("the base config has no data.test_manifest: a trial is finished when its test pass is logged")
     return base

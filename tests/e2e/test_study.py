@@ -36,6 +36,8 @@ def test_bad_settings_are_named(tmp_path):
         main(["--quick", "--out", str(tmp_path), "--smooth", "4"])
     with pytest.raises(StudyError, match="no study.yaml"):
         main(["--collect", str(tmp_path)])
+    with pytest.raises(StudyError, match=r"fit_configs / fit_args do not make an asr.fit config:\n(.|\n)*d_modle"):
+        main(["--quick", "--out", str(tmp_path / "typo"), "--fit_args", '["--model.d_modle", "64"]'])
 
 
 def test_the_full_grid_without_its_corpus_names_the_missing_manifest(tmp_path):

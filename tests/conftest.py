@@ -8,6 +8,7 @@ whole unit suite runs in well under a minute on a 2-core CPU.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import soundfile
 import torch
 
 from asr.audio import FeatureConfig
+from asr.hardware import usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.tokenizer import Tokenizer
@@ -239,10 +241,37 @@ def tokenizer_arg(tmp_path) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` (pyproject.toml's markers) where torch sees no CUDA device."""
+    """The end-to-end tests first, the longest files (pytest-xdist hands out whole files in this order, and a long
+    one last would run alone at the end); skip the tests marked ``gpu`` (pyproject.toml's markers) where torch
+    sees no CUDA device."""
+    items.sort(key=lambda item: "e2e" not in item.path.parts)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh runs the gpu tests)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``pytest`` runs the suite in one pytest-xdist worker a core (pyproject.toml's addopts): the cores this
+    process may use, hyper-threads included (xdist's own count would take physical cores where psutil is present)."""
+    return usable_cores()
+
+
+def pytest_configure(config):
+    """Hold each pytest-xdist worker, and every process its tests start, to its own share of the cores.
+
+    Most of the suite's time is processes importing torch and Lightning on one core. Two workers that each ran
+    OpenMP on all the cores slowed each other's training several-fold (docs/benchmarks.md 2026-11-27); a worker
+    on its own core sees one core, and asr.fit's ``auto`` threads and data workers choose for that, as on a
+    one-core machine."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or workers < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    index = int(worker.removeprefix("gw"))
+    mine = cores[index::workers] or [cores[index % len(cores)]]
+    for thread in os.listdir("/proc/self/task"):  # every thread of the worker: affinity is a thread's own
+        os.sched_setaffinity(int(thread), mine)
+    torch.set_num_threads(len(mine))

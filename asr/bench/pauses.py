@@ -22,9 +22,9 @@ import numpy as np
 import soundfile
 import torch
 
-from asr.audio import load_audio
-from asr.data.manifest import Utterance, parse_manifest
+from asr.data.manifest import ManifestError, Utterance
 from asr.data.nonspeech import KINDS, clip
+from asr.data.sources import ManifestSource
 from asr.inference.transcribe import Transcriber
 from asr.scoring import score
 
@@ -38,12 +38,12 @@ def framed(speech: np.ndarray, rate: int, kind: str, seconds: float, generator: 
     return np.concatenate([around[:pad], speech, around[pad:]]).clip(-1, 1)
 
 
-def write_copies(folder: Path, utterances: list[Utterance], kinds: list[str], seconds: list[float],
-                 seed: int) -> dict[tuple[str, float], list[Path]]:
-    """Per (kind, seconds), and (ALONE, 0.0): one WAV a utterance, in the manifest's order."""
+def write_copies(folder: Path, source: ManifestSource, utterances: list[Utterance], kinds: list[str],
+                 seconds: list[float], seed: int) -> dict[tuple[str, float], list[Path]]:
+    """Per (kind, seconds), and (ALONE, 0.0): one WAV a utterance of ``source``, in the manifest's order."""
     generator, copies = torch.Generator().manual_seed(seed), {}
     for n, utt in enumerate(utterances):
-        speech, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+        speech, rate = source.read(utt)
         for kind, length in [(ALONE, 0.0), *((k, s) for k in kinds for s in seconds)]:
             path = folder / f"{kind}-{length:g}" / f"{n:04d}.wav"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,13 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unit", choices=("wer", "cer"), default="wer",
                         help="word or character error rate (a character model on little data: cer)")
     args = parser.parse_args(argv)
-    utterances = parse_manifest(args.manifest)[0][:args.utterances]
+    source = ManifestSource(args.manifest, "--manifest")
+    try:
+        utterances = source.parse()[0][:args.utterances]
+    except ManifestError as err:
+        parser.error(str(err))
     if not utterances:
         parser.error(f"--manifest {args.manifest}: no usable line")
     references = [u.text for u in utterances]
     transcriber = Transcriber.from_checkpoint(args.checkpoint)
     with tempfile.TemporaryDirectory() as folder:
-        copies = write_copies(Path(folder), utterances, args.kinds, args.seconds, args.seed)
+        copies = write_copies(Path(folder), source, utterances, args.kinds, args.seconds, args.seed)
         scores = {key: score(references, transcriber.transcribe(paths, on_error="stop")) for key, paths in copies.items()}
     unit = "words" if args.unit == "wer" else "characters"
     print(f"{args.unit.upper()} (deleted {unit}, inserted {unit}) of {len(utterances)} utterances of {args.manifest}, "

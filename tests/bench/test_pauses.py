@@ -8,14 +8,15 @@ import soundfile
 
 from asr.audio import load_audio
 from asr.bench.pauses import ALONE, cell, main, write_copies
-from asr.data.manifest import parse_manifest
 from asr.data.nonspeech import KINDS
+from asr.data.sources import ManifestSource
 from asr.scoring import score
 
 
 def test_each_copy_is_the_speech_itself_between_equal_stretches_of_its_kind(corpus, tmp_path):
-    utterances = parse_manifest(corpus.dev)[0]
-    copies = write_copies(tmp_path / "copies", utterances, ["silence", "white", "dtmf"], [0.5, 1.0], seed=0)
+    source = ManifestSource(str(corpus.dev), "--manifest")
+    utterances = source.parse()[0]
+    copies = write_copies(tmp_path / "copies", source, utterances, ["silence", "white", "dtmf"], [0.5, 1.0], seed=0)
     assert set(copies) == {(ALONE, 0.0)} | {(k, s) for k in ("silence", "white", "dtmf") for s in (0.5, 1.0)}
     for (kind, seconds), paths in copies.items():
         assert len(paths) == len(utterances)
@@ -56,3 +57,6 @@ def test_a_manifest_with_no_usable_line_is_named(tmp_path, checkpoint, capsys):
     with pytest.raises(SystemExit):
         main(["--checkpoint", str(checkpoint), "--manifest", str(manifest)])
     assert f"--manifest {manifest}: no usable line" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(checkpoint), "--manifest", str(tmp_path / "gone.jsonl")])
+    assert f"--manifest: manifest {tmp_path / 'gone.jsonl'} does not exist" in capsys.readouterr().err

@@ -20,9 +20,11 @@ import argparse
 import gzip
 import io
 import json
+import multiprocessing
 import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import soundfile
@@ -94,6 +96,22 @@ def write_shard(folder: Path, number: int, utterances: list[mf.Utterance], sampl
             "durations": durations}
 
 
+def write_shards(folder: Path, chunks: list[list[mf.Utterance]], sample_rate: int, jobs: int) -> list[dict]:
+    """``write_shard`` for each chunk, in order: in this process for one job, else in ``jobs`` spawned processes.
+    Not forked: a fork of a process that runs threads (torch's, a test runner's, a notebook's) can die or hang in
+    the child. A writer that dies (out of memory, killed) is a ShardError naming --jobs; the shards written stay
+    whole and the folder unfinished (no index.json), so the same command can be run again."""
+    if jobs <= 1:
+        return [write_shard(folder, number, chunk, sample_rate) for number, chunk in enumerate(chunks)]
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return list(pool.map(write_shard, [folder] * len(chunks), range(len(chunks)), chunks,
+                                 [sample_rate] * len(chunks)))
+    except BrokenProcessPool as err:
+        raise ShardError(f"{folder}: a shard writer process died ({err}); the folder is unfinished: run the same "
+                         f"command again, with fewer --jobs if memory ran out") from err
+
+
 def make_tokenizer(texts: list[str], model_type: str, vocab_size: int, given: str | None) -> Tokenizer:
     """The shards' tokenizer, made before any audio is read: ``given`` (--tokenizer_model), or one trained on the
     manifests' texts; ShardError naming the flag if it cannot be."""
@@ -122,9 +140,7 @@ def shard(folder: Path, manifests: list[str], shard_size: int = 1000, sample_rat
     tokenizer = make_tokenizer([u.text for u in utterances], tokenizer_type, tokenizer_vocab_size, tokenizer_model)
     random.Random(seed).shuffle(utterances)  # each shard a sample of the whole: speakers and lengths mixed
     chunks = [utterances[i:i + shard_size] for i in range(0, len(utterances), shard_size)]
-    with ProcessPoolExecutor(max(1, jobs)) as pool:
-        written = list(pool.map(write_shard, [folder] * len(chunks), range(len(chunks)), chunks,
-                                [sample_rate] * len(chunks)))
+    written = write_shards(folder, chunks, sample_rate, jobs)
     lines = len(utterances) + len(problems)
     problems += [p for entry in written for p in entry.pop("problems")]
     listing = folder / BAD_LINES_FILE

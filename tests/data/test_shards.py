@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,20 @@ def test_the_command_line_says_what_it_wrote(tmp_path):
                              "--shard_size", "5"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "12 utterances, 0.01 h in 3 shards, tokenizer of" in result.stdout
+
+
+def test_a_writer_that_dies_names_jobs_and_the_same_command_then_finishes_the_folder(tmp_path, monkeypatch):
+    class DyingPool(ProcessPoolExecutor):  # what the parent sees when the kernel kills a writer (out of memory)
+        def map(self, *args, **kwargs):
+            raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    manifest = str(mini(tmp_path, 12))
+    monkeypatch.setattr("asr.tools.shard.ProcessPoolExecutor", DyingPool)
+    with pytest.raises(ShardError, match=r"out: a shard writer process died .* again, with fewer --jobs"):
+        shard(tmp_path / "out", [manifest], shard_size=5, jobs=2)
+    assert not (tmp_path / "out" / INDEX).exists()
+    monkeypatch.undo()
+    assert shard(tmp_path / "out", [manifest], shard_size=5, jobs=2).utterances == 12
 
 
 def test_a_folder_without_its_index_is_refused_by_name(tmp_path):

@@ -40,17 +40,28 @@ def framed(speech: np.ndarray, rate: int, kind: str, seconds: float, generator: 
 
 def write_copies(folder: Path, source: ManifestSource, utterances: list[Utterance], kinds: list[str],
                  seconds: list[float], seed: int) -> dict[tuple[str, float], list[Path]]:
-    """Per (kind, seconds), and (ALONE, 0.0): one WAV a utterance of ``source``, in the manifest's order."""
-    generator, copies = torch.Generator().manual_seed(seed), {}
+    """Per (kind, seconds), and (ALONE, 0.0): one WAV a utterance of ``source``, in the manifest's order. Each
+    copy's non-speech is drawn from a seed of its own (``copy_seed``), so a kind's copies are the same whichever
+    other kinds, lengths or utterances are asked for."""
+    copies = {}
     for n, utt in enumerate(utterances):
         speech, rate = source.read(utt)
         for kind, length in [(ALONE, 0.0), *((k, s) for k in kinds for s in seconds)]:
             path = folder / f"{kind}-{length:g}" / f"{n:04d}.wav"
             path.parent.mkdir(parents=True, exist_ok=True)
-            audio = speech if kind == ALONE else framed(speech, rate, kind, length, generator)
+            if kind == ALONE:
+                audio = speech
+            else:
+                generator = torch.Generator().manual_seed(copy_seed(seed, kind, n, length))
+                audio = framed(speech, rate, kind, length, generator)
             soundfile.write(path, audio, rate, subtype="PCM_16")
             copies.setdefault((kind, length), []).append(path)
     return copies
+
+
+def copy_seed(seed: int, kind: str, utterance: int, seconds: float) -> int:
+    """The seed of one copy's non-speech: a function of the bench's seed and of the copy alone."""
+    return ((seed * len(KINDS) + KINDS.index(kind)) * 1_000_000 + utterance) * 1_000_000 + round(seconds * 1000)
 
 
 def main(argv: list[str] | None = None) -> int:

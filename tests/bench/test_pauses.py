@@ -34,6 +34,16 @@ def test_each_copy_is_the_speech_itself_between_equal_stretches_of_its_kind(corp
                 assert before.std() > 1e-4 and after.std() > 1e-4  # a noise (-70 dBFS or louder) or a tone, both sides
 
 
+def test_a_kinds_copies_do_not_depend_on_the_other_kinds_asked_for(corpus, tmp_path):
+    source = ManifestSource(str(corpus.dev), "--manifest")
+    utterances = source.parse()[0]
+    alone = write_copies(tmp_path / "alone", source, utterances, ["white"], [0.5], seed=0)
+    among = write_copies(tmp_path / "among", source, utterances, ["clicks", "white", "hum"], [1.0, 0.5], seed=0)
+    other_seed = write_copies(tmp_path / "seed", source, utterances, ["white"], [0.5], seed=1)
+    for a, b, c in zip(alone["white", 0.5], among["white", 0.5], other_seed["white", 0.5]):
+        assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
 def test_the_command_prints_the_wer_of_every_kind_and_length(corpus, checkpoint, capsys):
     assert main(["--checkpoint", str(checkpoint), "--manifest", str(corpus.dev), "--seconds", "0.5", "2"]) == 0
     out = capsys.readouterr().out

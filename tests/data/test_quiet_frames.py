@@ -43,6 +43,19 @@ def test_how_much_silence_surrounds_speech_no_longer_changes_how_the_speech_is_s
     assert (counted[0.5] - counted[4.0]).abs().max() > 1.0  # counted, 3.5 s more of it moved the speech's features
 
 
+@pytest.mark.parametrize("kind", ["brown", "pink"])
+def test_an_utterance_is_scaled_the_same_alone_and_batched_with_a_longer_one(kind):
+    """A batch's padding is no part of an utterance's level: steady noise, whose frames wander a few dB, was scaled
+    otherwise when padded (its last frames' level pulled to the floor moved the line; 0.6-1.2 apart)."""
+    short, long = ns.clip(kind, 2.0, RATE, seeded(1)), ns.clip(kind, 5.0, RATE, seeded(2))
+    extract = FeatureExtractor(FeatureConfig(RATE, norm="shared", quiet_db=QUIET_DB))
+    alone = extract(short[None], torch.tensor([len(short)]))[0][0]
+    batch = torch.nn.utils.rnn.pad_sequence([long, short], batch_first=True)
+    batched = extract(batch, torch.tensor([len(long), len(short)]))[0][1, : len(alone)]
+    assert quiet_frames(*raw(extract, short), QUIET_DB).any()  # the rule is at work on this noise
+    torch.testing.assert_close(batched, alone, atol=1e-4, rtol=1e-4)
+
+
 def test_a_loud_tone_does_not_move_the_line():
     """The line is the quietest frames' level plus quiet_db: a tone 20 dB over the speech changes nothing below it."""
     speech = speech_like(2.0)

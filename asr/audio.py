@@ -287,13 +287,7 @@ def frame_energy(feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tens
     floor) and that energy averaged over LOUD_FRAMES in a row: what loud_frames and quiet_frames draw their lines on."""
     valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]
     energy = (feats.float().logsumexp(2) - math.log(feats.shape[2])).masked_fill(~valid, math.log(LOG_FLOOR))
-    # the mean over the window's frames inside the utterance: a batch's padding is not averaged in, or an utterance
-    # shorter than its batch's longest had its last frames' level pulled to the floor, and its line with them
-    def window_sum(x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.avg_pool1d(x[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=True)[:, 0]
-
-    inside = valid.to(energy.dtype)
-    smooth = window_sum(energy * inside) / window_sum(inside).clamp(min=1 / LOUD_FRAMES)
+    smooth = nn.functional.avg_pool1d(energy[:, None], LOUD_FRAMES, 1, LOUD_FRAMES // 2, count_include_pad=False)[:, 0]
     return valid, energy, smooth
 
 

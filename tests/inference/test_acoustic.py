@@ -27,6 +27,19 @@ def test_a_checkpoint_is_a_model_of_log_probs_per_frame_on_the_cpu(checkpoint, w
     torch.testing.assert_close(model.log_probs(audio, lengths)[0], log_probs)  # eval mode: no dropout
 
 
+def test_a_checkpoints_statistics_can_come_from_some_of_its_samples(checkpoint, waveforms):
+    """The second pass of asr.inference.focus: the same frames, normalised by the statistics of the samples given."""
+    model = load_model(checkpoint)
+    audio, lengths = waveforms(1.0, 0.6)
+    log_probs, out_lengths = model.log_probs(audio, lengths)
+    every = torch.stack([torch.zeros_like(lengths), lengths], 1)
+    torch.testing.assert_close(model.log_probs(audio, lengths, statistics=every)[0], log_probs)
+    some, same_lengths = model.log_probs(audio, lengths, statistics=torch.tensor([[4000, 12000], [0, 9600]]))
+    assert same_lengths.tolist() == out_lengths.tolist() and some.shape == log_probs.shape
+    assert not torch.allclose(some[0], log_probs[0], atol=1e-3)
+    torch.testing.assert_close(some[1, : out_lengths[1]], log_probs[1, : out_lengths[1]])
+
+
 def test_what_is_not_a_checkpoint_is_named(checkpoint, tmp_path):
     (tmp_path / "text.ckpt").write_text("hello")
     (tmp_path / "cut.ckpt").write_bytes(Path(checkpoint).read_bytes()[:2000])

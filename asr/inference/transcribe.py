@@ -58,7 +58,7 @@ class Transcriber:
         min_confidence: words whose confidence (the mean posterior of their frames, 0..1) is below this are
             dropped from the words and the text; 0 keeps every word.
         second_pass: a file (or a long file's segment) whose decoded speech spans under this share of its
-            frames is transcribed again on that span alone (asr.inference.focus); 0 = one pass.
+            frames is transcribed again with the statistics of that span (asr.inference.focus); 0 = one pass.
     """
 
     def __init__(self, model: AcousticModel | ASRModule, device: str | torch.device = "cpu",

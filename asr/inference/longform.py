@@ -67,15 +67,21 @@ def opened(utt: Utterance) -> soundfile.SoundFile:
 
 def read_frames(utt: Utterance, first: int, count: int, model) -> torch.Tensor:
     """The audio of the utterance's encoder frames [first, first + count) at the model's rate, (n,) float32;
-    corrupt or non-finite data raises AudioError naming the file."""
-    rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
-    total = round(utt.duration * rate)
+    a file that cannot be read, or corrupt or non-finite data, raises AudioError naming it."""
     with opened(utt) as f:
-        base = round(utt.offset * f.samplerate) if utt.has_offset else 0
-        try:
-            audio = read_chunk(f, first * step, min(count * step, total - first * step), base, rate)
-        except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-            raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
+        step = frame_samples(model.frame_seconds, model.sample_rate)
+        return frames_audio(f, utt, first, count, model.sample_rate, step)
+
+
+def frames_audio(f: soundfile.SoundFile, utt: Utterance, first: int, count: int, rate: int, step: int) -> torch.Tensor:
+    """The audio of encoder frames [first, first + count) (``step`` samples each at ``rate``) of the utterance
+    in the open file ``f``, up to its end; corrupt, truncated or non-finite data raises AudioError naming it."""
+    base = round(utt.offset * f.samplerate) if utt.has_offset else 0
+    total = round(utt.duration * rate)  # samples at the model's rate
+    try:
+        audio = read_chunk(f, first * step, min(count * step, total - first * step), base, rate)
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:  # corrupt or truncated data
+        raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
     check_finite(audio, utt.source)
     return audio
 
@@ -92,19 +98,12 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
     rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
     chunk, overlap = round(chunk_seconds / model.frame_seconds), round(overlap_seconds / model.frame_seconds)
     with opened(utt) as f:
-        base = round(utt.offset * f.samplerate) if utt.has_offset else 0
-        total = round(utt.duration * rate)  # samples at the model's rate
-        starts = chunk_starts(math.ceil(total / step), chunk, overlap)
+        starts = chunk_starts(math.ceil(round(utt.duration * rate) / step), chunk, overlap)
         kept_from = 0  # first frame not yet handed out
         for b in range(0, len(starts), batch_chunks):
             done = kept_from
             batch = starts[b: b + batch_chunks]
-            try:
-                audio = [read_chunk(f, s * step, min(chunk * step, total - s * step), base, rate) for s in batch]
-            except (soundfile.LibsndfileError, RuntimeError, OSError) as err:  # corrupt or truncated data
-                raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
-            for a in audio:
-                check_finite(a, utt.source)
+            audio = [frames_audio(f, utt, s, chunk, rate, step) for s in batch]
             lengths = torch.tensor([len(a) for a in audio])
             log_probs, out_lengths = model.log_probs(torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths)
             for i, start in enumerate(batch):

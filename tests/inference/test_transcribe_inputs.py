@@ -199,6 +199,10 @@ def test_bad_checkpoints_and_flags_are_one_line_and_exit_2(checkpoint, inputs, t
         assert main(["--checkpoint", str(tmp_path / name), audio]) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and name in err and message in err, err
+    for flag in ("--second_pass", "--min_confidence"):  # the Transcriber's own checks reach the command line
+        assert main(["--checkpoint", str(checkpoint), audio, flag, "1.5"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"{flag} must be between 0 and 1, got 1.5" in err, err
     with pytest.raises(SystemExit) as exit_:
         main(["--checkpoint", str(checkpoint), audio, "--no_such_flag"])
     assert exit_.value.code == 2 and "unrecognized arguments: --no_such_flag" in capsys.readouterr().err

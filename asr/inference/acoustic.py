@@ -32,7 +32,8 @@ class AcousticModel(Protocol):
     frame_seconds: float  # seconds per output frame: feature hop x subsampling
     # and optionally ``objective`` (asr.train.objectives): how its frames become ids, word times and cut points;
     # a model without one is CTC's (an exported model, or your own); and optionally a ``statistics`` argument of
-    # log_probs (CheckpointModel's), without which a second pass runs on the speech's audio alone (asr.inference.focus)
+    # log_probs (CheckpointModel's, ExportedModel's), without which a second pass runs on the speech's audio alone
+    # (asr.inference.focus)
 
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, n) fp32 and lengths (B,) in samples -> log-probs (B, T', V) fp32 on the CPU, lengths (B,)."""

@@ -6,8 +6,9 @@ scale than in training, and its words are deleted (a call that opens on a dial t
 that starts in a pause). The model itself says where the speech is: the frames from its first decoded token to
 its last. Where that span, widened by ``MARGIN_SECONDS`` on each side, is under ``second_pass`` of the file's
 frames, the Transcriber runs the model again: on the whole file with the statistics of the span's frames alone,
-where the model takes them (``statistics`` of a checkpoint's ``log_probs``), else on the span's audio alone (an
-exported model, or your own); the frames outside the span count as blank then.
+where the model takes them (``statistics`` of the ``log_probs`` of a checkpoint or an exported model), else on the
+span's audio alone (a model of your own, or a file of asr.export's format version 1); the frames outside the
+span count as blank then.
 
 Speech that fills its file is run once, and so is a file in which the first pass decoded nothing: words the
 first pass lost entirely are not found again. In a long file, each segment (cut at the first pass's pauses,

@@ -6,13 +6,16 @@
 The file is a ``torch.export`` program (ATen graph plus weights; ``load`` imports nothing from
 ``asr.models.ctc`` and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode: the
 feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head.
-Batch size and audio length are dynamic. Beside the graph, as the archive's extra files, it
+Batch size and audio length are dynamic. Its inputs are the audio, the lengths and, since format version 2, the
+samples whose frames give each utterance's normalisation statistics (the second pass of asr.inference.focus);
+files of version 1 (audio and lengths only) still load, and their second pass runs on the speech's audio alone. Beside the graph, as the archive's extra files, it
 carries what decoding needs: ``asr.json`` (sample rate, seconds per output frame, ...) and the
 sentencepiece model (``tokenizer.model.b64``, base64: extra files are text).
 
     from asr.tools.export import load
     model = load("model.pt2")
     log_probs, out_lengths = model.log_probs(audio, lengths)   # (B, N) samples -> (B, T', V), (B,)
+    log_probs, out_lengths = model.log_probs(audio, lengths, statistics)  # statistics from samples (B, 2) [start, end)
     texts = [model.tokenizer.decode(ids) for ids in asr.inference.decoding.greedy(log_probs, out_lengths)]
 
 Why torch.export and not TorchScript: torch 2.14 deprecates ``torch.jit.script``/``trace``
@@ -45,7 +48,8 @@ from asr.inference.decoding import greedy
 from asr.tokenizer import BLANK_ID, Tokenizer
 
 FORMAT = "asr-ctc-export"  # asr.json's "format": what is_exported looks for
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the graph takes ``statistics``; 1 (audio and lengths only) is still read
+READS = (1, FORMAT_VERSION)
 METADATA_FILE = "asr.json"
 TOKENIZER_FILE = "tokenizer.model.b64"
 PARITY_ATOL = 1e-4  # max |exported - checkpoint| log-prob allowed; the graphs run the same ATen ops
@@ -59,7 +63,8 @@ EXAMPLE_SECONDS = (1.0, 0.6)  # the batch torch.export traces with; any size and
 class ExportedModel:
     """An exported model ready to decode; the same members as asr.transcribe's checkpoint adapter."""
 
-    program: nn.Module  # the exported graph: (audio (B, N) fp32, lengths (B,) int64) -> (log_probs, out_lengths)
+    program: nn.Module  # the exported graph: (audio (B, N) fp32, lengths (B,) int64, statistics (B, 2) int64)
+    # -> (log_probs, out_lengths)
     sample_rate: int  # Hz the audio must have
     tokenizer: Tokenizer  # output class i is piece i; class 0 is the CTC blank
     frame_seconds: float  # seconds of audio per output frame (feature hop x subsampling)
@@ -67,17 +72,33 @@ class ExportedModel:
     device: torch.device
 
     @torch.inference_mode()
-    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, N) float samples at ``sample_rate``, lengths (B,) in samples ->
-        log_probs (B, T', V) fp32 and out_lengths (B,) in output frames.
+        log_probs (B, T', V) fp32 and out_lengths (B,) in output frames. ``statistics`` (B, 2): the samples
+        [start, end) whose frames alone give each utterance's feature statistics; None: all of its samples.
 
         Frames at or past ``out_lengths[b]`` are padding: their values mean nothing, and T'
         follows the padded width N, so it may exceed ``max(out_lengths)``.
         """
+        lengths = lengths.to(self.device, torch.int64)
+        if statistics is None:
+            statistics = torch.stack([torch.zeros_like(lengths), lengths], 1)
+        return self.program(self.widened(audio), lengths, statistics.to(self.device, torch.int64))
+
+    def widened(self, audio: torch.Tensor) -> torch.Tensor:
+        """fp32 on the device, zero-padded to ``min_samples`` if narrower (padding past the lengths changes no frame)."""
         audio = audio.to(self.device, torch.float32)
-        if audio.shape[1] < self.min_samples:  # padding past the lengths changes no output frame
-            audio = F.pad(audio, (0, self.min_samples - audio.shape[1]))
-        return self.program(audio, lengths.to(self.device, torch.int64))
+        return F.pad(audio, (0, self.min_samples - audio.shape[1])) if audio.shape[1] < self.min_samples else audio
+
+
+class ExportedModelV1(ExportedModel):
+    """A file of format version 1: its graph takes the audio and lengths only, so its statistics are always of the
+    whole utterance (and the Transcriber's second pass runs on the speech's audio alone)."""
+
+    @torch.inference_mode()
+    def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.program(self.widened(audio), lengths.to(self.device, torch.int64))
 
 
 def is_exported(path: str | Path) -> bool:
@@ -98,15 +119,15 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> ExportedModel:
     with open(path, "rb") as f:  # a file object: by name, torch.export.load wants a .pt2 suffix
         program = torch.export.load(f, extra_files=extra)
     meta = json.loads(extra[METADATA_FILE])
-    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+    if meta.get("format") != FORMAT or meta.get("version") not in READS:
         raise ValueError(f"{path}: format {meta.get('format')} version {meta.get('version')}; this asr reads "
-                         f"{FORMAT} version {FORMAT_VERSION}: export the checkpoint again")
+                         f"{FORMAT} versions {', '.join(map(str, READS))}: export the checkpoint again")
     device = torch.device(device)
     if device.type != "cpu":
         program = torch.export.passes.move_to_device_pass(program, device)
     tokenizer = Tokenizer(base64.b64decode(extra[TOKENIZER_FILE]))
-    return ExportedModel(program.module(), meta["sample_rate"], tokenizer, meta["frame_seconds"],
-                         meta["min_samples"], device)
+    kind = ExportedModel if meta["version"] == FORMAT_VERSION else ExportedModelV1
+    return kind(program.module(), meta["sample_rate"], tokenizer, meta["frame_seconds"], meta["min_samples"], device)
 
 
 def refuse_pickled_code(path: str | Path) -> None:
@@ -129,18 +150,36 @@ def refuse_pickled_code(path: str | Path) -> None:
                     raise ValueError(f"{path}: its sample inputs need unpickling ({err})") from err
 
 
+class Serving(nn.Module):
+    """The graph's signature: a CTCModel whose ``statistics`` is an input like the audio and lengths."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model(audio, lengths, statistics=statistics)
+
+
 def serving_model(model: nn.Module) -> nn.Module:
-    """A fp32, eval-mode copy of a CTCModel (the original is untouched)."""
+    """A fp32, eval-mode copy of a CTCModel (the original is untouched), as the graph's signature."""
     import copy
 
-    return copy.deepcopy(model).float().eval()
+    return Serving(copy.deepcopy(model).float().eval())
 
 
-def example_batch(seconds: tuple[float, ...], sample_rate: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A padded (B, N) batch of quiet noise with the given durations, and its lengths (B,) in samples."""
+def example_batch(seconds: tuple[float, ...], sample_rate: int, seed: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A padded (B, N) batch of quiet noise with the given durations, its lengths (B,) in samples, and statistics
+    (B, 2) from a part of each: from a quarter of its samples to three quarters of them, loud in between."""
     generator = torch.Generator().manual_seed(seed)
     audio = [0.1 * torch.randn(max(1, int(s * sample_rate)), generator=generator) for s in seconds]
-    return nn.utils.rnn.pad_sequence(audio, batch_first=True), torch.tensor([len(a) for a in audio])
+    lengths = torch.tensor([len(a) for a in audio])
+    statistics = torch.stack([lengths // 4, lengths * 3 // 4], 1)
+    for a, (start, end) in zip(audio, statistics.tolist()):
+        a[start:end] *= 10  # speech framed by quieter noise: the statistics change the features
+    return nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths, statistics
 
 
 def export_program(model: nn.Module, sample_rate: int) -> torch.export.ExportedProgram:
@@ -148,7 +187,7 @@ def export_program(model: nn.Module, sample_rate: int) -> torch.export.ExportedP
     dynamic = torch.export.Dim.DYNAMIC
     with torch.no_grad():
         return torch.export.export(model, example_batch(EXAMPLE_SECONDS, sample_rate), strict=False,
-                                   dynamic_shapes=({0: dynamic, 1: dynamic}, {0: dynamic}))
+                                   dynamic_shapes=({0: dynamic, 1: dynamic}, {0: dynamic}, {0: dynamic}))
 
 
 def min_samples(program: torch.export.ExportedProgram, model: nn.Module) -> int:
@@ -179,7 +218,8 @@ class Parity:
 
     def __str__(self) -> str:
         verdict = "OK" if self.ok else "FAILED"
-        return (f"parity {verdict}: {self.utterances} utterances in {len(PARITY_BATCHES)} batches, max |log-prob diff| "
+        return (f"parity {verdict}: {self.utterances} utterances in {len(PARITY_BATCHES)} batches run twice "
+                f"(statistics of all samples, of a part), max |log-prob diff| "
                 f"{self.max_abs_diff:.2e} (allowed {PARITY_ATOL:.0e}), output lengths "
                 f"{'equal' if self.same_lengths else 'DIFFER'}, greedy transcripts identical "
                 f"{self.same_transcripts}/{self.utterances}")
@@ -187,18 +227,20 @@ class Parity:
 
 @torch.inference_mode()
 def parity(model: nn.Module, exported: ExportedModel, batches=PARITY_BATCHES) -> Parity:
-    """Compare a CTCModel (eval mode) with its export on padded batches of the given durations (seconds)."""
+    """Compare a CTCModel (eval mode) with its export on padded batches of the given durations (seconds), each
+    with the statistics of all samples and of a part (``example_batch``): an utterance counts once per way."""
     utterances, diff, same_lengths, same = 0, 0.0, True, 0
     for seconds in batches:
-        audio, lengths = example_batch(seconds, exported.sample_rate, seed=len(seconds))
-        want, want_lengths = model(audio, lengths)
-        got, got_lengths = exported.log_probs(audio, lengths)
-        same_lengths &= torch.equal(want_lengths, got_lengths.cpu())
-        for b, n in enumerate(want_lengths.tolist()):
-            if n:
-                diff = max(diff, (want[b, :n] - got[b, :n].cpu()).abs().max().item())
-        same += sum(w == g for w, g in zip(greedy(want, want_lengths), greedy(got.cpu(), got_lengths.cpu())))
-        utterances += len(seconds)
+        audio, lengths, part = example_batch(seconds, exported.sample_rate, seed=len(seconds))
+        for statistics in (None, part):
+            want, want_lengths = model(audio, lengths, statistics=statistics)
+            got, got_lengths = exported.log_probs(audio, lengths, statistics)
+            same_lengths &= torch.equal(want_lengths, got_lengths.cpu())
+            for b, n in enumerate(want_lengths.tolist()):
+                if n:
+                    diff = max(diff, (want[b, :n] - got[b, :n].cpu()).abs().max().item())
+            same += sum(w == g for w, g in zip(greedy(want, want_lengths), greedy(got.cpu(), got_lengths.cpu())))
+            utterances += len(seconds)
     return Parity(utterances, diff, same_lengths, same)
 
 

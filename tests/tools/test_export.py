@@ -3,11 +3,13 @@ length, loads without the training code, and is refused (nothing written) when i
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -159,3 +161,84 @@ def test_asr_transcribe_runs_the_exported_file_as_the_checkpoint(exports, write_
     from_export = Transcriber.from_checkpoint(exported_file)
     assert isinstance(from_export.model, export.ExportedModel)
     assert from_export.transcribe(files) == Transcriber.from_checkpoint(checkpoint).transcribe(files)
+
+
+@pytest.mark.parametrize("name", ["mel", "linear"])
+def test_exported_statistics_of_a_part_normalise_as_the_checkpoints(exports, waveforms, name):
+    checkpoint, exported_file, _ = exports(name)
+    module, exported = ASRModule.from_checkpoint(checkpoint).eval(), export.load(exported_file)
+    rate = exported.sample_rate
+    audio, lengths = waveforms(1.5, 0.7, 2.2, rate=rate, seed=5)
+    audio[:, rate // 2: rate] *= 20  # a loud half second: statistics that hold it, or not, differ
+    statistics = torch.tensor([[rate // 2, rate], [0, lengths[1]], [rate, 2 * rate]])
+    with torch.no_grad():
+        want, want_lengths = module.model(audio, lengths, statistics=statistics)
+        whole, _ = module.model(audio, lengths)
+    got, got_lengths = exported.log_probs(audio, lengths, statistics)
+    assert torch.equal(got_lengths, want_lengths)
+    for b, n in enumerate(want_lengths.tolist()):
+        torch.testing.assert_close(got[b, :n], want[b, :n], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(want[0], whole[0], atol=1e-3)  # the statistics of a part are not all samples'
+    torch.testing.assert_close(want[1, :want_lengths[1]], whole[1, :want_lengths[1]])  # [0, length) is all
+
+
+def test_the_second_pass_of_an_exported_file_takes_the_speechs_statistics_as_the_checkpoint(exports, write_audio,
+                                                                                              monkeypatch):
+    from asr.inference import transcribe as tr
+
+    checkpoint, exported_file, _ = exports("mel")
+    files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.6, 2.4))]
+    runs = []  # the statistics each second pass asked for
+    monkeypatch.setattr(tr, "speech_span", lambda spans, frames, *_: (frames // 4, frames // 2))  # always again
+    from_export = tr.Transcriber.from_checkpoint(exported_file)
+    program = from_export.model.program
+    from_export.model.program = lambda audio, lengths, statistics: runs.append(statistics) or program(audio, lengths,
+                                                                                                        statistics)
+    assert from_export.transcribe(files) == tr.Transcriber.from_checkpoint(checkpoint).transcribe(files)
+    first, second = runs
+    assert torch.equal(first[:, 0], torch.zeros(2, dtype=torch.int64))  # the first pass: every sample
+    assert (second[:, 0] > 0).all() and (second[:, 1] < first[:, 1]).all()  # the second: the span's samples
+
+
+def version_1_file(checkpoint: Path, path: Path) -> Path:
+    """What asr.export wrote before format version 2: a graph of (audio, lengths) alone."""
+    module = ASRModule.from_checkpoint(checkpoint)
+    model = export.serving_model(module.model).model
+    audio, lengths, _ = export.example_batch(export.EXAMPLE_SECONDS, model.sample_rate)
+    dynamic = torch.export.Dim.DYNAMIC
+    with torch.no_grad():
+        program = torch.export.export(model, (audio, lengths), strict=False,
+                                      dynamic_shapes=({0: dynamic, 1: dynamic}, {0: dynamic}))
+    meta = export.metadata(module, program, checkpoint) | {"version": 1}
+    with open(path, "wb") as f, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "No complete tensor found")  # as asr.export does: said of CPU-only models
+        torch.export.save(program, f, extra_files={export.METADATA_FILE: json.dumps(meta),
+                                                   export.TOKENIZER_FILE: base64.b64encode(
+                                                       module.tokenizer.serialized).decode("ascii")})
+    return path
+
+
+def test_a_file_of_format_version_1_still_transcribes_and_its_second_pass_crops(exports, write_audio, tmp_path):
+    from asr.inference.transcribe import Transcriber
+
+    checkpoint, _, _ = exports("mel")
+    old = export.load(version_1_file(checkpoint, tmp_path / "v1.pt2"))
+    assert isinstance(old, export.ExportedModelV1)
+    files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.2, 0.4))]
+    transcriber = Transcriber(old, second_pass=0.0)
+    assert not transcriber.statistics  # the crop (asr.inference.focus)
+    assert transcriber.transcribe(files) == Transcriber.from_checkpoint(checkpoint, second_pass=0.0).transcribe(files)
+
+
+def test_a_file_of_an_unknown_format_version_is_refused_naming_both(exports, tmp_path):
+    _, exported_file, _ = exports("mel")
+    future = tmp_path / "future.pt2"
+    with zipfile.ZipFile(exported_file) as source, zipfile.ZipFile(future, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith(f"/extra/{export.METADATA_FILE}"):
+                data = json.dumps(json.loads(data) | {"version": 99}).encode()
+            target.writestr(item, data)
+    with pytest.raises(ValueError, match="future.pt2: format asr-ctc-export version 99; this asr reads asr-ctc-export "
+                                         "versions 1, 2: export the checkpoint again"):
+        export.load(future)

@@ -10,18 +10,23 @@ where the model takes them (``statistics`` of the ``log_probs`` of a checkpoint 
 span's audio alone (a model of your own, or a file of asr.export's format version 1); the frames outside the
 span count as blank then.
 
-Speech that fills its file is run once, and so is a file in which the first pass decoded nothing: words the
-first pass lost entirely are not found again. In a long file, each segment (cut at the first pass's pauses,
-asr.inference.longform) is a file here. Measured (docs/benchmarks.md, 2026-11-27 afternoon): the default
-model's WER on data/mini's dev set with 4 s of white noise a side 0.345 -> 0.164, hum 0.382 -> 0.091, DTMF
-0.455 -> 0.173; speech alone, the bundled test set and the held-out sets within a word of one pass.
+Where the first pass decoded nothing (a model trained with every frame in its statistics, the Czech recipe's,
+deletes all of speech framed by seconds of silence), the loud part of the file stands for the speech: from the
+first to the last stretch that asr.inference.result.speech_mask calls speech. A file of one level (silence,
+steady noise, hum, a dial tone) has none, and speech that fills its file is run once. In a long file, each
+segment (cut at the first pass's pauses, asr.inference.longform) is a file here. Measured (docs/benchmarks.md,
+2026-11-27 afternoon and evening): the default model's WER on data/mini's dev set with 4 s of white noise a side
+0.345 -> 0.164, hum 0.382 -> 0.091, DTMF 0.455 -> 0.173; the Czech model's CER with 4 s of silence a side
+0.962 -> 0.696 (0.567 alone); speech alone, the bundled test set and the held-out sets within a word of one pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from asr.inference.result import Span
+import torch
+
+from asr.inference.result import Span, hops_per_frame, speech_mask
 
 MARGIN_SECONDS = 0.3  # kept on each side of the first pass's first and last token (0.6 and 1.0 s did no better)
 SECOND_PASS = 0.6  # the default share of the file's frames below which the span is run again; at 1.0 (any span
@@ -29,13 +34,30 @@ SECOND_PASS = 0.6  # the default share of the file's frames below which the span
 
 
 def speech_span(spans: Sequence[Span], frames: int, frame_seconds: float, second_pass: float,
-                first_frame: int = 0) -> tuple[int, int] | None:
+                first_frame: int = 0, levels: torch.Tensor | None = None) -> tuple[int, int] | None:
     """Frames [a, b) of an utterance of ``frames`` frames (counted from ``first_frame``) to run again: from its
-    first token's to its last token's, widened by MARGIN_SECONDS; None where no token was decoded or the
-    span is not under ``second_pass`` of the frames (0: never)."""
-    if not spans or not second_pass:
+    first token's to its last token's, or, where no token was decoded, from the first to the last loud stretch
+    of ``levels`` (its loudness, asr.inference.result), widened by MARGIN_SECONDS; None where there is neither or
+    the span is not under ``second_pass`` of the frames (0: never)."""
+    if not second_pass:
         return None
+    if spans:
+        a, b = spans[0].start - first_frame, spans[-1].end - first_frame
+    elif levels is None or not (loud := loud_span(levels, frame_seconds)):
+        return None
+    else:
+        a, b = loud
     margin = round(MARGIN_SECONDS / frame_seconds)
-    a = max(0, spans[0].start - first_frame - margin)
-    b = min(frames, spans[-1].end - first_frame + margin)
+    a, b = max(0, a - margin), min(frames, b + margin)
     return (a, b) if b - a < second_pass * frames else None
+
+
+def loud_span(levels: torch.Tensor, frame_seconds: float) -> tuple[int, int] | None:
+    """Encoder frames [a, b) from the first to the last hop of ``levels`` that asr.inference.result.speech_mask
+    calls speech; None where it finds none (a file of one level: silence, steady noise, hum, a tone)."""
+    hops = hops_per_frame(frame_seconds)
+    mask = speech_mask(levels, frame_seconds / hops)
+    if not mask or not any(mask):
+        return None
+    loud = [i for i, m in enumerate(mask) if m]
+    return loud[0] // hops, loud[-1] // hops + 1

@@ -34,7 +34,7 @@ from asr.inference.decoding import Decoder
 from asr.inference.focus import SECOND_PASS, speech_span
 from asr.inference.inputs import check_all, failed, in_order
 from asr.inference.longform import read_frames, segments, stitched
-from asr.inference.result import Result, confident, loudness, words_of
+from asr.inference.result import Result, confident, hops_per_frame, loudness, words_of
 from asr.train.module import ASRModule
 from asr.train.objectives import CTC, Objective
 
@@ -179,16 +179,16 @@ class Transcriber:
                 hyps = self.decoder(log_probs, lengths)
                 passes = {j: (log_probs[row, :n], ids, self.objective.align(log_probs[row, :n], ids), n)
                           for row, (j, ids, n) in enumerate(zip(audio, hyps, lengths.tolist()))}
+                levels = {j: loudness(audio[j], self.sample_rate, self.model.frame_seconds) for j in audio}
                 crops = {j: span for j, (frames, _, spans, n) in passes.items()
-                         if (span := speech_span(spans, n, self.model.frame_seconds, self.second_pass))}
+                         if (span := speech_span(spans, n, self.model.frame_seconds, self.second_pass, 0, levels[j]))}
                 if crops:
                     again = self._again([audio[j] for j in crops], list(crops.values()))
                     for j, (frames, ids, first) in zip(crops, again):
                         passes[j] = (frames, ids, self.objective.align(frames, ids, first), passes[j][3])
                 for j, (frames, ids, spans, n) in passes.items():
-                    levels = loudness(audio[j], self.sample_rate, self.model.frame_seconds)
                     blank = self.objective.silent_frames(frames) + n - len(frames)  # frames not run again: blank
-                    results[j] = self._result(utts[j], ids, spans, levels, blank / max(n, 1))
+                    results[j] = self._result(utts[j], ids, spans, levels[j], blank / max(n, 1))
             progress(sum(utts[j].duration for j in batch_indices))
         for j, i in enumerate(indices):
             yield i, results[j]
@@ -220,11 +220,13 @@ class Transcriber:
         ids, spans, blank, frames = [], [], 0, 0
         try:
             length = round(self.chunk_seconds / self.model.frame_seconds)
+            hops = hops_per_frame(self.model.frame_seconds)
             for first, log_probs in segments(heard(pieces, levels), length, self.objective.cut):
                 segment_ids = self.decoder(log_probs[None], torch.tensor([len(log_probs)]))[0]
                 segment_spans = self.objective.align(log_probs, segment_ids, first)
                 n = len(log_probs)
-                span = speech_span(segment_spans, n, self.model.frame_seconds, self.second_pass, first)
+                loud = None if segment_spans else torch.cat(levels)[first * hops: (first + n) * hops]  # nothing decoded
+                span = speech_span(segment_spans, n, self.model.frame_seconds, self.second_pass, first, loud)
                 if span:  # the segment read again, its speech's statistics (asr.inference.focus)
                     audio = read_frames(utt, first, n, self.model)
                     log_probs, segment_ids, offset = self._again([audio], [span])[0]

@@ -8,9 +8,9 @@ The file is a ``torch.export`` program (ATen graph plus weights; ``load`` import
 feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head.
 Batch size and audio length are dynamic. Its inputs are the audio, the lengths and, since format version 2, the
 samples whose frames give each utterance's normalisation statistics (the second pass of asr.inference.focus);
-files of version 1 (audio and lengths only) still load, and their second pass runs on the speech's audio alone. Beside the graph, as the archive's extra files, it
-carries what decoding needs: ``asr.json`` (sample rate, seconds per output frame, ...) and the
-sentencepiece model (``tokenizer.model.b64``, base64: extra files are text).
+files of version 1 (audio and lengths only) still load, and their second pass runs on the speech's audio alone.
+Beside the graph, as the archive's extra files, it carries what decoding needs: ``asr.json`` (sample rate,
+seconds per output frame, ...) and the sentencepiece model (``tokenizer.model.b64``, base64: extra files are text).
 
     from asr.tools.export import load
     model = load("model.pt2")
@@ -87,7 +87,8 @@ class ExportedModel:
         return self.program(self.widened(audio), lengths, statistics.to(self.device, torch.int64))
 
     def widened(self, audio: torch.Tensor) -> torch.Tensor:
-        """fp32 on the device, zero-padded to ``min_samples`` if narrower (padding past the lengths changes no frame)."""
+        """fp32 on the device, zero-padded to ``min_samples`` if narrower (padding past the lengths changes no
+        frame)."""
         audio = audio.to(self.device, torch.float32)
         return F.pad(audio, (0, self.min_samples - audio.shape[1])) if audio.shape[1] < self.min_samples else audio
 

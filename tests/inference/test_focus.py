@@ -111,7 +111,8 @@ def test_speech_in_long_quiet_that_the_first_pass_decodes_nothing_of_keeps_its_w
     before, after = (2.0, 10.0) if chunk_seconds else (4.0, 4.0)
     speech, spans = tones(char_tokenizer, "call five two nine", pause=2)
     path = tmp_path / "quiet.wav"
-    audio = np.concatenate([np.zeros(round(before * RATE), np.float32), speech, np.zeros(round(after * RATE), np.float32)])
+    silence = [np.zeros(round(seconds * RATE), np.float32) for seconds in (before, after)]
+    audio = np.concatenate([silence[0], speech, silence[1]])
     soundfile.write(path, audio + hiss(len(audio) / RATE), RATE, subtype="FLOAT")  # the line's hiss throughout
     model = model_class(char_tokenizer)
     options = {"chunk_seconds": chunk_seconds, "overlap_seconds": 2.0}
@@ -119,7 +120,8 @@ def test_speech_in_long_quiet_that_the_first_pass_decodes_nothing_of_keeps_its_w
     result = Transcriber(model, **options).transcribe_results([path])[0]
     assert result.text == "call five two nine" and not result.error
     for word, (start, end) in zip(result.words, spans):
-        assert word.start == pytest.approx(start + before, abs=0.041) and word.end == pytest.approx(end + before, abs=0.041)
+        assert word.start == pytest.approx(start + before, abs=0.041)
+        assert word.end == pytest.approx(end + before, abs=0.041)
     only_hiss = tmp_path / "hiss.wav"  # steady non-speech: nothing loud to run again
     soundfile.write(only_hiss, hiss(8.0), RATE, subtype="FLOAT")
     model.calls = 0

@@ -218,7 +218,7 @@ def version_1_file(checkpoint: Path, path: Path) -> Path:
     return path
 
 
-def test_a_file_of_format_version_1_still_transcribes_and_its_second_pass_crops(exports, write_audio, tmp_path):
+def test_a_file_of_format_version_1_still_transcribes_without_statistics(exports, write_audio, tmp_path):
     from asr.inference.transcribe import Transcriber
 
     checkpoint, _, _ = exports("mel")
@@ -226,7 +226,7 @@ def test_a_file_of_format_version_1_still_transcribes_and_its_second_pass_crops(
     assert isinstance(old, export.ExportedModelV1)
     files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.2, 0.4))]
     transcriber = Transcriber(old, second_pass=0.0)
-    assert not transcriber.statistics  # the crop (asr.inference.focus)
+    assert not transcriber.statistics  # its second pass crops (asr.inference.focus)
     assert transcriber.transcribe(files) == Transcriber.from_checkpoint(checkpoint, second_pass=0.0).transcribe(files)
 
 

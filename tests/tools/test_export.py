@@ -140,15 +140,19 @@ def test_files_that_are_not_exports_are_told_apart(char_tokenizer, tmp_path):
         export.load(tmp_path / "text.pt2")
 
 
-def test_a_file_whose_weights_would_be_unpickled_is_refused(exports, tmp_path):
-    _, exported_file, _ = exports("mel")
-    crafted = tmp_path / "crafted.pt2"
-    with zipfile.ZipFile(exported_file) as source, zipfile.ZipFile(crafted, "w") as target:
+def rewritten(exported_file: Path, copy: Path, member: str, change) -> Path:
+    """A copy of an exported file whose archive member ending in ``member`` is ``change(bytes)``."""
+    with zipfile.ZipFile(exported_file) as source, zipfile.ZipFile(copy, "w") as target:
         for item in source.infolist():
             data = source.read(item)
-            if item.filename.endswith("model_weights_config.json"):  # what a pickled payload looks like
-                data = data.replace(b'"use_pickle": false', b'"use_pickle": true', 1)
-            target.writestr(item, data)
+            target.writestr(item, change(data) if item.filename.endswith(member) else data)
+    return copy
+
+
+def test_a_file_whose_weights_would_be_unpickled_is_refused(exports, tmp_path):
+    _, exported_file, _ = exports("mel")
+    crafted = rewritten(exported_file, tmp_path / "crafted.pt2", "model_weights_config.json",  # a pickled payload
+                        lambda data: data.replace(b'"use_pickle": false', b'"use_pickle": true', 1))
     with pytest.raises(ValueError, match="crafted.pt2: .* would be unpickled"):
         export.load(crafted)
 
@@ -232,13 +236,8 @@ def test_a_file_of_format_version_1_still_transcribes_without_statistics(exports
 
 def test_a_file_of_an_unknown_format_version_is_refused_naming_both(exports, tmp_path):
     _, exported_file, _ = exports("mel")
-    future = tmp_path / "future.pt2"
-    with zipfile.ZipFile(exported_file) as source, zipfile.ZipFile(future, "w") as target:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename.endswith(f"/extra/{export.METADATA_FILE}"):
-                data = json.dumps(json.loads(data) | {"version": 99}).encode()
-            target.writestr(item, data)
+    future = rewritten(exported_file, tmp_path / "future.pt2", f"/extra/{export.METADATA_FILE}",
+                       lambda data: json.dumps(json.loads(data) | {"version": 99}).encode())
     with pytest.raises(ValueError, match="future.pt2: format asr-ctc-export version 99; this asr reads asr-ctc-export "
                                          "versions 1, 2: export the checkpoint again"):
         export.load(future)

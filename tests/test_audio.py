@@ -151,11 +151,13 @@ def test_a_training_batch_of_audio_shorter_than_a_window_runs_forward_and_backwa
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_features_ignore_whatever_lies_beyond_the_length(waveforms):
+@pytest.mark.parametrize("pad", [1.0, float("nan")])
+@pytest.mark.parametrize("sample_rate", [16000, 8000])
+def test_features_ignore_whatever_lies_beyond_the_length(waveforms, sample_rate, pad):
     audio, lengths = waveforms(1.0, 0.6)
     noisy = audio.clone()
-    noisy[1, lengths[1] :] = 1.0  # a collate that padded with something other than zeros
-    extractor = features(16000)
+    noisy[1, lengths[1] :] = pad  # a collate that padded with something other than zeros, or a buffer never written
+    extractor = features(sample_rate)
     torch.testing.assert_close(extractor(noisy, lengths)[0], extractor(audio, lengths)[0])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from functools import partial
 from typing import Callable, Literal, get_args
 
 import torch
@@ -33,10 +32,8 @@ TELEPHONE_BAND = (300.0, 3400.0)  # Hz passed by a telephone channel
 MU_LAW_CHANNELS = 256  # 8-bit mu-law
 DECAY_DB = 60.0  # RT60: the time the reverberant energy takes to fall by 60 dB
 PAUSE_SHARE = 0.5  # non-speech framing the speech, before and after it: each side up to this share of its length,
-PAUSE_MAX_SECONDS = 2.0  # and at most this long: a framed utterance grows by at most 4 s. The manifest path's sampler
-                         # draws them and counts them in its batches (asr.data.sampler): drawn here, after batching, they
-                         # padded each batch to its framed utterance (default run: padding 2.3% -> 10.7%)
-PAUSE_STEP_SECONDS = 0.01  # pauses the sampler draws travel in its items in steps of this
+PAUSE_MAX_SECONDS = 2.0  # and at most this long: a framed utterance grows by at most 4 s, and its batch, which the
+                         # sampler filled by unframed seconds, is padded to it (default run: padding 2.3% -> 10.7%)
 
 
 @dataclass(frozen=True)
@@ -115,19 +112,11 @@ class Augmentation:
             raise ValueError("data.augmentation.tempo_factors and reverb_rt60 must be positive, babble_voices at least 1")
 
 
-def pause_sides(seconds: float, draw: Callable[[float, float], float]) -> tuple[float, float]:
-    """Seconds of non-speech before and after speech ``seconds`` long, each ``draw(low, high)`` (uniform) from
-    [0, PAUSE_SHARE x seconds], at most PAUSE_MAX_SECONDS: the one rule, drawn here or by the sampler."""
-    most = min(PAUSE_SHARE * seconds, PAUSE_MAX_SECONDS)
-    return draw(0.0, most), draw(0.0, most)
-
-
-def pause(wave: torch.Tensor, kind: str, sample_rate: int, generator: torch.Generator,
-          sides: tuple[float, float] | None = None) -> torch.Tensor:
-    """(n,) speech framed by non-speech of ``kind`` (one level, continuous): ``sides`` seconds before and after
-    it, by default drawn by ``pause_sides``."""
-    sides = sides or pause_sides(wave.shape[0] / sample_rate, partial(uniform, generator))
-    before, after = (round(side * sample_rate) for side in sides)
+def pause(wave: torch.Tensor, kind: str, sample_rate: int, generator: torch.Generator) -> torch.Tensor:
+    """(n,) speech framed by non-speech of ``kind`` (one level, continuous): before and after it, each side
+    up to PAUSE_SHARE of n and PAUSE_MAX_SECONDS long."""
+    most = min(PAUSE_SHARE * wave.shape[0], PAUSE_MAX_SECONDS * sample_rate)
+    before, after = (int(uniform(generator, 0.0, most)) for _ in range(2))
     around = clip(kind, 0, sample_rate, generator, length=max(1, before + after))
     return torch.cat([around[:before], wave, around[before: before + after]])
 
@@ -235,22 +224,18 @@ class Augmenter:
         """``generator`` fixes every draw; by default one is seeded from torch's (per-worker) global RNG."""
         return self.augment(wave, generator)[0]
 
-    def augment(self, wave: torch.Tensor, generator: torch.Generator | None = None,
-                pauses: tuple[float, float] | None = None) -> tuple[torch.Tensor, bool]:
+    def augment(self, wave: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
         """The augmented waveform, and whether it is still speech. With ``nonspeech_prob`` it became non-speech
         of its own length (a kind of asr.data.nonspeech.KINDS), whose transcript is empty; else, with ``pause_prob``,
         it gains pauses of a kind before and after it (``pause``): the model hears non-speech alone, as whole
-        files of it, and between words, as in the pauses of calls and meetings. ``pauses``: seconds before and
-        after that the sampler drew instead ((0, 0): none), counted in its batch; non-speech is then that much longer."""
+        files of it, and between words, as in the pauses of calls and meetings."""
         s, rate = self.settings, self.sample_rate
         g = generator or torch.Generator().manual_seed(int(torch.randint(2**62, ())))
         speech = not happens(s.nonspeech_prob, g)
-        framed = any(pauses) if pauses is not None else speech and happens(s.pause_prob, g)
         if not speech:  # then the room, the line and the level as for speech
-            length = wave.shape[0] + sum(round(side * rate) for side in pauses or ())
-            wave = clip(any_kind(g), 0, rate, g, length=length)
-        elif framed:
-            wave = pause(wave, any_kind(g), rate, g, pauses)
+            wave = clip(any_kind(g), 0, rate, g, length=wave.shape[0])
+        elif happens(s.pause_prob, g):
+            wave = pause(wave, any_kind(g), rate, g)
         if happens(s.tempo_prob, g):
             wave = stretch(wave, rate, uniform(g, *s.tempo_factors))
         if happens(s.pitch_prob, g):

@@ -13,7 +13,7 @@ from asr.audio import AudioError, resample
 from asr.data import manifest as mf
 from asr.data.augment import Augmenter
 from asr.data.batch import Batch, collate
-from asr.data.sampler import Item, split_item
+from asr.data.sampler import split_item
 from asr.data.sources import ManifestSource, Source
 
 
@@ -73,14 +73,10 @@ class ASRDataset(Dataset):
 
     def load_item(self, item: int) -> tuple[torch.Tensor, bool]:
         """``load``'s waveform, and whether it is still the utterance's speech (see ``augment``)."""
-        i, speed_index, pauses = self.split(item)
+        speed_index, i = split_item(item, len(self))
         speed = self.speed_perturb[speed_index]
         wave = self.cache.get((i, speed), partial(self.read, i, speed))
-        return self.augment.augment(wave, pauses=pauses) if self.augment else (wave, True)
-
-    def split(self, item: int) -> Item:
-        """The utterance, speed and pauses a sampler item names (asr.data.sampler.split_item)."""
-        return split_item(item, len(self), len(self.speed_perturb))
+        return self.augment.augment(wave) if self.augment else (wave, True)
 
     def read(self, i: int, speed: float = 1.0) -> torch.Tensor:
         """Utterance ``i``'s audio played at ``speed``: (n,) float32; AudioError naming its manifest line."""
@@ -99,11 +95,11 @@ class ASRDataset(Dataset):
                 wave, is_speech = self.load_item(item)
                 audio.append(wave)
                 speech.append(is_speech)
-                kept.append(self.split(item).utterance)
+                kept.append(split_item(item, len(self))[1])
             except AudioError as err:  # a file deleted or truncated since setup checked it
                 dropped.append(str(err))
         if not kept:
-            stand_in, waveform = self.first_readable(self.split(indices[-1]).utterance + 1)
+            stand_in, waveform = self.first_readable(split_item(indices[-1], len(self))[1] + 1)
             kept, audio, speech = [stand_in], [waveform], [True]
         tokens = [torch.tensor(self.tokens[i] if said else [], dtype=torch.long) for i, said in zip(kept, speech)]
         texts = [self.utterances[i].text if said else "" for i, said in zip(kept, speech)]

@@ -254,7 +254,7 @@ class ASRDataModule(pl.LightningDataModule):
         sampler = BucketBatchSampler(
             [u.duration for u in dataset.utterances], self.hparams.max_batch_seconds, shuffle=shuffle,
             seed=self.hparams.seed, num_replicas=world, rank=rank, speeds=dataset.speed_perturb,
-            fastest=dataset.fastest, pause_prob=dataset.augment.settings.pause_prob if dataset.augment else 0.0,
+            fastest=dataset.fastest,
         )
         workers = self.workers
         if workers:

@@ -9,44 +9,18 @@ from __future__ import annotations
 import math
 import random
 from functools import cached_property
-from typing import NamedTuple
 
 from torch.utils.data import DataLoader, Sampler
 
-from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_STEP_SECONDS, pause_sides
 from asr.data.faults import DataFaults
 
 
 COUNT_DRAWS = 8  # draws that fix an epoch's batch count (num_batches)
-PAUSE_STEPS = round(PAUSE_MAX_SECONDS / PAUSE_STEP_SECONDS) + 1  # a side's pause in an item: 0 .. PAUSE_MAX_SECONDS
 
 
-class Item(NamedTuple):
-    """What a sampler item names: an utterance, the index of its speed, and the seconds of non-speech before and
-    after it that the sampler drew (None: not drawn there; the augmenter draws them with ``pause_prob``)."""
-    utterance: int
-    speed: int = 0
-    pauses: tuple[float, float] | None = None
-
-
-def make_item(item: Item, utterances: int, speeds: int = 1) -> int:
-    """The int that stands for ``item`` among ``utterances`` at ``speeds`` speeds: ``split_item``'s inverse, with
-    pauses rounded to PAUSE_STEP_SECONDS. A plain utterance index is an item at the first speed, pauses not drawn."""
-    code = 0
-    if item.pauses is not None:
-        before, after = (min(PAUSE_STEPS - 1, round(side / PAUSE_STEP_SECONDS)) for side in item.pauses)
-        code = 1 + before * PAUSE_STEPS + after
-    return (code * speeds + item.speed) * utterances + item.utterance
-
-
-def split_item(item: int, utterances: int, speeds: int) -> Item:
-    """The ``Item`` of a sampler item: (code x speeds + speed index) x utterances + utterance (``make_item``)."""
-    rest, utterance = divmod(item, utterances)
-    code, speed = divmod(rest, speeds)
-    if code == 0:
-        return Item(utterance, speed)
-    before, after = divmod(code - 1, PAUSE_STEPS)
-    return Item(utterance, speed, (before * PAUSE_STEP_SECONDS, after * PAUSE_STEP_SECONDS))
+def split_item(item: int, utterances: int) -> tuple[int, int]:
+    """(speed index, utterance index) of a sampler item: item = speed index * utterances + utterance."""
+    return divmod(item, utterances)
 
 
 class BucketBatchSampler(Sampler[list[int]]):
@@ -59,10 +33,6 @@ class BucketBatchSampler(Sampler[list[int]]):
     items are ``speed index * len(durations) + utterance`` (``split_item``; with one speed, the
     utterance indices). Drawing the speed here, not when loading, keeps an utterance played at
     0.9 out of a batch of ones played at 1.1: the bundled corpus' padding fell from 11% to 2%.
-    So with pauses (``pause_prob``, asr.data.augment's ``data.augmentation.pause_prob``): each
-    utterance gains them with that probability, drawn here by ``pause_sides`` and counted in its
-    seconds, and the item carries them to the augmenter (``make_item``): drawn after batching, a
-    framed utterance padded its whole batch (the default run's padding 2% -> 10%).
 
     Every epoch has the same number of batches (``num_batches``): Lightning fixes its
     validation step (``val_check_batch``) from ``len`` when fitting starts, and an epoch one
@@ -73,9 +43,8 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __init__(self, durations: list[float], max_batch_seconds: float, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, jitter: float = 0.02, speeds: tuple[float, ...] = (1.0,),
-                 fastest: list[int] | None = None, pause_prob: float = 0.0):
+                 fastest: list[int] | None = None):
         self.durations, self.max_batch_seconds, self.speeds = durations, max_batch_seconds, tuple(speeds)
-        self.pause_prob = pause_prob
         # per utterance, the index into speeds of the fastest it may be played at (too short for its
         # transcript at faster ones); None: any
         self.fastest = fastest
@@ -86,15 +55,8 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     @cached_property
     def item_seconds(self) -> list[float]:
-        """Seconds of audio of each item without pauses: its utterance's duration over its speed."""
+        """Seconds of audio of each item: its utterance's duration over its speed."""
         return [duration / speed for speed in self.speeds for duration in self.durations]
-
-    def seconds(self, item: int) -> float:
-        """Seconds of audio of ``item``: its utterance's duration over its speed, plus its pauses."""
-        played = len(self.item_seconds)
-        if item < played:
-            return self.item_seconds[item]
-        return self.item_seconds[item % played] + sum(split_item(item, len(self.durations), len(self.speeds)).pauses)
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -108,30 +70,22 @@ class BucketBatchSampler(Sampler[list[int]]):
         """Greedy cut of the items ``order`` into runs of at most ``max_batch_seconds`` of padded audio (the fewest runs)."""
         batches, batch, longest = [], [], 0.0
         for i in order:
-            longest_if_added = max(longest, self.seconds(i))
+            longest_if_added = max(longest, self.item_seconds[i])
             if batch and longest_if_added * (len(batch) + 1) > self.max_batch_seconds:
                 batches.append(batch)
-                batch, longest_if_added = [], self.seconds(i)
+                batch, longest_if_added = [], self.item_seconds[i]
             batch.append(i)
             longest = longest_if_added
         return batches + [batch] if batch else batches
 
     def draw(self, rng: random.Random) -> list[list[int]]:
-        """``cut`` of every utterance once, at a speed drawn from ``rng`` (with several) and with pauses drawn from
-        it (with ``pause_prob``), sorted by its seconds so times a factor in [1 - jitter, 1 + jitter] (1 without shuffle)."""
+        """``cut`` of every utterance once, at a speed drawn from ``rng`` (with several), sorted by its seconds
+        at that speed times a factor in [1 - jitter, 1 + jitter] (1 without shuffle)."""
         n, jitter = len(self.durations), self.jitter if self.shuffle else 0.0
         many = len(self.speeds) > 1
         items = [self.playable(rng.randrange(len(self.speeds)), i) * n + i if many else i for i in range(n)]
-        if self.pause_prob:
-            items = [self.paused(item, rng) for item in items]
-        keys = {item: self.seconds(item) * (1 + rng.uniform(-jitter, jitter)) for item in items}
+        keys = {item: self.item_seconds[item] * (1 + rng.uniform(-jitter, jitter)) for item in items}
         return self.cut(sorted(items, key=keys.__getitem__))
-
-    def paused(self, item: int, rng: random.Random) -> int:
-        """``item`` (no pauses drawn) with pauses drawn from ``rng``: with ``pause_prob`` by ``pause_sides``, else none."""
-        utterance, speed, _ = split_item(item, len(self.durations), len(self.speeds))
-        sides = pause_sides(self.item_seconds[item], rng.uniform) if rng.random() < self.pause_prob else (0.0, 0.0)
-        return make_item(Item(utterance, speed, sides), len(self.durations), len(self.speeds))
 
     def playable(self, speed: int, utterance: int) -> int:
         """``speed``, or the fastest at or below it at which ``utterance`` still fits its transcript."""

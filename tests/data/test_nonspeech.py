@@ -212,19 +212,3 @@ def test_the_bench_counts_words_per_kind_and_minute(tmp_path):
     assert tally["all"]["words_per_minute"] == pytest.approx(3 / minutes)
     assert tally[ns.KINDS[0]]["with_words"] == 1 and tally[ns.KINDS[1]]["with_words"] == 0
     assert tally["8000 Hz"]["clips"] == len(ns.KINDS)
-
-
-@pytest.mark.parametrize("replaced", [0.0, 1.0])
-def test_the_samplers_pauses_frame_the_utterance_as_its_batch_counted_them(corpus, replaced):
-    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None, tokenizer_type="char",
-                       augmentation=Augmentation(pause_prob=0.5, nonspeech_prob=replaced))
-    dm.setup("fit")
-    train, loader = dm.datasets["train"], dm.train_dataloader()
-    items = [item for batch in loader.sampler for item in batch]
-    framed = [train.split(item) for item in items if any(train.split(item).pauses)]
-    assert framed and len(framed) < len(items)  # the sampler drew pauses for some, none for the rest
-    batch = train[items]
-    for item, n in zip(items, batch.audio_lengths.tolist()):  # the augmenter drew no pauses of its own
-        utterance, _, pauses = train.split(item)
-        assert n == len(train.read(utterance)) + sum(round(side * RATE) for side in pauses)
-    assert (batch.texts == [""] * len(items)) == bool(replaced)

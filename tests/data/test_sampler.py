@@ -10,8 +10,7 @@ import random
 import pytest
 import torch
 
-from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE
-from asr.data.sampler import BucketBatchSampler, Item, ResumableLoader, make_item, split_item
+from asr.data.sampler import BucketBatchSampler, ResumableLoader, split_item
 
 
 def random_durations(n: int = 2000, seed: int = 0) -> list[float]:
@@ -108,11 +107,11 @@ def test_with_speeds_each_utterance_comes_once_an_epoch_at_a_drawn_speed_within_
     seen = []
     for number in range(3):
         items = [i for batch in epoch(sampler, number) for i in batch]
-        pairs = [split_item(i, 500, len(SPEEDS)) for i in items]
-        assert sorted(i for i, _, _ in pairs) == list(range(500))
-        assert {s for _, s, _ in pairs} == {0, 1, 2}
+        pairs = [split_item(i, 500) for i in items]
+        assert sorted(i for _, i in pairs) == list(range(500))
+        assert {s for s, _ in pairs} == {0, 1, 2}
         assert all(padded_seconds(b, sampler.item_seconds) <= 60.0 for b in epoch(sampler, number))
-        seen.append(dict((i, s) for i, s, _ in pairs))
+        seen.append(dict((i, s) for s, i in pairs))
     assert seen[0] != seen[1]  # speeds are drawn again each epoch
     assert sampler.item_seconds[2 * 500 + 3] == pytest.approx(durations[3] / 1.1)
 
@@ -126,36 +125,6 @@ def test_batches_sorted_by_duration_at_the_drawn_speed_pad_as_little_as_one_spee
         padded = sum(padded_seconds(b, sampler.item_seconds) for b in batches)
         assert 1 - sum(sampler.item_seconds[i] for b in batches for i in b) / padded < 0.03
         assert len(batches) == len(sampler)
-
-
-@pytest.mark.parametrize("item", [Item(7), Item(0, 2), Item(499, 1, (0.0, 0.0)), Item(3, 0, (2.0, 0.01)),
-                                  Item(12, 2, (0.37, 1.5))])
-def test_an_item_names_its_utterance_speed_and_pauses(item):
-    assert split_item(make_item(item, 500, 3), 500, 3) == item
-    assert make_item(Item(7), 500, 3) == 7  # a plain index: the first speed, pauses left to the augmenter
-
-
-def test_pauses_are_drawn_per_item_and_counted_in_its_batch():
-    # Drawn after batching, a framed utterance (up to 4 s longer) padded its whole batch: the default run's 2% -> 10%.
-    durations = random_durations(2000)
-    plain = BucketBatchSampler(durations, 60.0, seed=0, speeds=SPEEDS)
-    sampler = BucketBatchSampler(durations, 60.0, seed=0, speeds=SPEEDS, pause_prob=0.2)
-    framed = 0
-    for number in range(3):
-        batches = epoch(sampler, number)
-        assert len(batches) == len(sampler)
-        items = [split_item(i, 2000, 3) for b in batches for i in b]
-        assert sorted(item.utterance for item in items) == list(range(2000))
-        for item in items:
-            most = min(PAUSE_SHARE * durations[item.utterance] / SPEEDS[item.speed], PAUSE_MAX_SECONDS)
-            assert all(0.0 <= side <= most + 0.005 for side in item.pauses)
-        framed += sum(any(item.pauses) for item in items)
-        seconds = [[sampler.seconds(i) for i in b] for b in batches]
-        assert all(max(s) * len(s) <= 60.0 for s in seconds if len(s) > 1)
-        padded = sum(max(s) * len(s) for s in seconds)
-        assert 1 - sum(map(sum, seconds)) / padded < 0.03
-    assert 0.17 < framed / 6000 < 0.23
-    assert all(split_item(i, 2000, 3).pauses is None for b in epoch(plain, 0) for i in b)  # pause_prob 0: none drawn
 
 
 def test_with_speeds_the_epoch_is_the_same_after_a_resume():

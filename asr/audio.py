@@ -238,8 +238,8 @@ class FeatureExtractor(nn.Module):
             ).transpose(1, 2)  # (B, n // hop + 1, bins): frames T and more (cut below), whatever the width n
             if self.fbanks is None:
                 power = spec.abs().pow(2)  # (B, T', bins)
-            else:  # re^2 and im^2 of each bin, both through its filters: (B, T', 2 bins) @ (2 bins, mels), in one
-                # product, where |X|^2 first took 2.8 of the front end's 10.5 ms a batch (docs/benchmarks.md, 2026-11-27 night)
+            else:  # re^2 and im^2 of each bin, both through its filters: (B, T', 2 bins) @ (2 bins, mels), in one product;
+                # with |X|^2 first the front end took 11-14 ms a 6 x 3 s batch, now 5 (docs/benchmarks.md, 2026-11-27 night)
                 power = torch.view_as_real(spec).square().flatten(2) @ self.fbanks.float().repeat_interleave(2, 0)
             feats = torch.log(power + LOG_FLOOR)
             frame_lengths = num_frames(lengths, cfg.sample_rate)

@@ -1,17 +1,17 @@
 """What this machine is good at: precision, torch threads and data workers, chosen once at start-up.
 
 ``trainer.precision: auto`` (asr.fit.Trainer's default, so the default run's and the study's; the recipes say
-it) resolves here, before the run's classes are built, the same way in every process of a run (each reads the
-same cached peaks):
+it) resolves here:
 
 - a CUDA GPU: ``bf16-mixed`` from compute capability 8.0 (A100, H100, L4, RTX 30xx/40xx), else
   ``16-mixed`` (V100, T4), fp16 with Lightning's loss scaler;
-- a CPU: ``bf16-mixed`` only where this CPU's bf16 matrix products are at least ``CPU_BF16_MARGIN`` times
-  as fast as its fp32 ones, else ``32-true``. The rates are asr.train.cost's measured and cached CPU peaks
-  (``cpu_peak_flops``), the same numbers MFU is computed against. CPUs differ a hundredfold here: one ran
-  bf16 4.8x faster than fp32, another (avx512_bf16 among its flags) no faster, and one with AVX2 only emulates
-  it, 100-300x slower (0.9 GFLOP/s against fp32's 86-309: docs/benchmarks.md, 2026-11-26). So it is measured,
-  not read off the CPU's flags.
+- a CPU: the faster of ``32-true`` and ``bf16-mixed`` for the run's own model, by the seconds of its optimizer
+  steps timed in each (asr.train.precision: cached per CPU, kernels, threads and model shape, and handed to
+  the ranks the run starts). bf16-mixed must be ``BF16_MIN_GAIN`` faster to be chosen: it rounds activations,
+  so a tie goes to fp32. A matrix product is no witness: on a Xeon with AMX a 1024^3 bf16 product ran 4.6x
+  fp32's while the default model trained 16% slower in bf16-mixed; on AVX2 CPUs bf16 is emulated, 100-300x
+  slower (docs/benchmarks.md). Without a model to time (``Trainer(precision="auto")`` from Python) a CPU
+  trains in 32-true.
 
 ``--threads auto`` and ``--data.num_workers auto`` split the cores between the training step's torch threads
 and the DataLoader workers that read and augment audio (see ``cpu_threads`` and ``data_workers``).
@@ -21,17 +21,16 @@ Each choice is said once, in one line, and an explicit value is obeyed as given.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, Literal
 
 import torch
 
-from asr.train import cost
-
 AUTO = "auto"
 Auto = Literal["auto"]
-CPU_BF16_MARGIN = 1.5  # bf16-mixed pays casts around every matmul: where a bf16 matmul ran 0.6-1.1x fp32's, the default
-                       # run's steps took 1.35x as long; where it ran 4.8x, bf16-mixed was the faster (docs/benchmarks.md,
-                       # 2026-11-26). The threshold lies between; 1.5 is not measured more finely than that
+CACHE_DIR = Path(os.environ.get("ASR_CACHE_DIR") or Path.home() / ".cache" / "asr")  # measurements reused across runs
+BF16_MIN_GAIN = 1.05  # bf16-mixed's steps must be this much faster than fp32's: it rounds activations, so near-ties
+                      # (within the 3-7% that two timings of one step differ by) go to fp32
 BF16_EMULATED = 0.25  # a bf16 matmul below this share of fp32's speed has no bf16 units behind it (0.003 on AVX2)
 MIN_BF16_CAPABILITY = (8, 0)  # Ampere: the first NVIDIA GPUs with bf16 tensor cores
 MAX_GPU_WORKERS = 8  # per GPU process: each worker holds its own copy of the dataset and audio cache; not yet measured
@@ -50,24 +49,29 @@ def emulates_bf16(fp32: float, bf16: float) -> bool:
 
 
 def choose_precision(on_gpu: bool, capability: tuple[int, int] | None = None,
-                     cpu_peak: Callable[[str], float] | None = None) -> tuple[str, str]:
+                     cpu_steps: Callable[[], dict[str, float]] | None = None) -> tuple[str, str]:
     """(precision, why) for ``trainer.precision: auto``.
 
-    ``capability``: the GPU's compute capability (default: CUDA device 0's); ``cpu_peak(dtype)``: FLOP/s
-    of a "fp32" or "bf16" matmul on this CPU (default: asr.train.cost.cpu_peak_flops, measured once and cached).
-    Tests inject both.
+    ``capability``: the GPU's compute capability (default: CUDA device 0's); ``cpu_steps()``: seconds of one
+    training step of the run's model in "32-true" and "bf16-mixed" on this CPU (inf: not timed, this CPU
+    emulates bf16; "cached": True if read from the cache), as asr.train.precision.measured_steps gives them;
+    None: no model to time. Tests inject both.
     """
     if on_gpu:
         major, minor = capability or torch.cuda.get_device_capability()
         if (major, minor) >= MIN_BF16_CAPABILITY:
             return "bf16-mixed", f"this GPU (compute capability {major}.{minor}) has bf16 tensor cores"
         return "16-mixed", f"this GPU (compute capability {major}.{minor}, below 8.0) has no bf16: fp16 with a loss scaler"
-    cpu_peak = cpu_peak or cost.cpu_peak_flops
-    fp32, bf16 = cpu_peak("fp32"), cpu_peak("bf16")
-    choice = "bf16-mixed" if bf16 >= CPU_BF16_MARGIN * fp32 else "32-true"
-    return choice, (f"bf16 matmul {bf16 / 1e9:.1f} GFLOP/s against fp32 {fp32 / 1e9:.1f} on this CPU "
-                    f"({cost.cpu_name()}, {cost.cpu_kernels()}); bf16-mixed needs "
-                    f"{CPU_BF16_MARGIN}x")
+    if cpu_steps is None:
+        return "32-true", "a CPU, and no model to time in bf16 (asr.fit times the run's model)"
+    steps = cpu_steps()
+    fp32, bf16 = steps["32-true"], steps["bf16-mixed"]
+    choice = "bf16-mixed" if bf16 * BF16_MIN_GAIN <= fp32 else "32-true"
+    source = "cached for this CPU and model" if steps.get("cached") else "timed on this model"
+    if bf16 == float("inf"):
+        return choice, f"this CPU emulates bf16 (its bf16 matmuls are 100x slower); a step in 32-true {fp32:.3f} s"
+    return choice, (f"a training step in 32-true {fp32:.3f} s, in bf16-mixed {bf16:.3f} s ({source}; "
+                    f"bf16-mixed needs {BF16_MIN_GAIN}x)")
 
 
 def resolve_precision(precision, accelerator: str, say: Callable[[str], None] | None = None, **inject):

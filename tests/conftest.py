@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,10 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+
+# Measurements asr caches (CPU peaks, precision step times) go to a folder of this test session, not the user's
+# ~/.cache/asr: before asr is imported, which reads it once; the processes tests start inherit it.
+os.environ.setdefault("ASR_CACHE_DIR", tempfile.mkdtemp(prefix="asr-test-cache-"))
 
 from asr.audio import FeatureConfig
 from asr.hardware import usable_cores

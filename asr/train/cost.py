@@ -38,11 +38,12 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from asr.atomic import write_atomically
+from asr.hardware import CACHE_DIR
 
 if TYPE_CHECKING:  # annotations only: asr.data asks asr.hardware, which asks this module, for its workers
     from asr.data.batch import Batch
 
-PEAK_CACHE = Path.home() / ".cache" / "asr" / "peak_flops.json"  # measured CPU peaks, reused across runs
+PEAK_CACHE = CACHE_DIR / "peak_flops.json"  # measured CPU peaks, reused across runs
 TRAIN_FLOPS_PER_FORWARD = 3  # forward + backward, which costs twice the forward (grads of inputs and weights)
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU: (fp32, tf32, bf16, fp16). Datasheets quote tensor

@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -50,7 +51,7 @@ from asr.data.shard_run import check_by_steps
 from asr.data.shards import ShardsError
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.settings import ConfigError
-from asr.train import fsdp
+from asr.train import fsdp, precision
 from asr.train.init_from import initialize, settings_changed
 from asr.train.legacy import group_config
 from asr.train.module import ASRModule, NonFiniteLossError
@@ -104,15 +105,37 @@ class ASRCLI(LightningCLI):
                                  "(val/wer), or the weights training ended with (for char models, whose WER is noisy)")
 
     def before_instantiate_classes(self) -> None:
-        """Threads, then precision (measured with those threads), resolved into the config config.yaml records."""
+        """Threads, resolved into the config config.yaml records (the precision is timed with them)."""
         trainer, on_gpu = self.config.trainer, uses_cuda(self.config.trainer.accelerator)
         try:
             self.config.threads = resolve_threads(self.config.threads, on_gpu, self.config.data.num_workers,
                                                   rank_zero_info)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-        trainer.precision = resolve_precision(trainer.precision, trainer.accelerator, rank_zero_info)
-        check_hardware(trainer)
+        if trainer.precision != AUTO:
+            check_hardware(trainer)
+
+    def instantiate_trainer(self, **kwargs) -> pl.Trainer:
+        """The Trainer, with ``precision: auto`` decided first on the model and data built by now (asr.hardware,
+        asr.train.precision) and recorded in the config that config.yaml saves."""
+        trainer = self.config.trainer
+        if trainer.precision == AUTO:
+            trainer.precision = auto_precision(self.model, self.datamodule, trainer.accelerator)
+            self.config_init.trainer.precision = trainer.precision
+            check_hardware(trainer)
+        return super().instantiate_trainer(**kwargs)
+
+
+def auto_precision(module: ASRModule, datamodule: ASRDataModule, accelerator: str) -> str:
+    """``precision: auto`` for this run: what the process that started this one chose (a rank Lightning started),
+    else asr.hardware's choice, timing ``module``'s steps on a CPU, said in one line and handed down to the ranks."""
+    batch = precision.probe_batch(module, datamodule)
+    choice = precision.inherited(module, batch)
+    if choice is None:
+        steps = partial(precision.measured_steps, module, batch, rank_zero_info)
+        choice = resolve_precision(AUTO, accelerator, rank_zero_info, cpu_steps=steps)
+        precision.hand_down(module, batch, choice)
+    return choice
 
 
 def strategy_name(strategy) -> str:

@@ -26,6 +26,7 @@ import inspect
 import re
 import sys
 import typing
+from fnmatch import fnmatch
 from functools import cache
 from pathlib import Path
 from unittest import mock
@@ -259,11 +260,14 @@ def init_parameters(key: str, arguments: str) -> set[str]:
 
 
 def fit_accepts(flag: str, arguments: str) -> bool:
-    """asr.fit's parser has ``flag``: a key, a group ending in ``.`` or ``.*``, or a class-typed key's parameter."""
+    """asr.fit's parser has ``flag``: a key, a pattern (``--model.encoder.``, ``--data.augmentation.*_prob``) that
+    some key matches, or a class-typed key's parameter."""
     options = parser_options("asr.train.fit")
-    key = flag[2:].split("=")[0].rstrip("+").removesuffix("*")
-    if key.endswith("."):
-        return any(o.startswith(f"--{key}") for o in options) or f"--{key}help" in options
+    key = flag[2:].split("=")[0].rstrip("+")
+    key += "*" if key.endswith(".") else ""
+    if "*" in key:  # a pattern: some key matches it, or it is a class-typed key's parameters (model.spec_augment.*)
+        group = key.removesuffix(".*") if key.endswith(".*") else None
+        return any(fnmatch(o, f"--{key}") for o in options) or f"--{group}.help" in options
     if f"--{key}" in options:
         return True
     parts = key.split(".")
@@ -329,6 +333,18 @@ def test_the_flags_a_doc_names_are_its_commands(doc):
         unknown += [flag for flag in bare_flags(snippet) if flag.split("=")[0] not in NOT_OURS
                     and not any(accepts(module_name, flag, snippet) for module_name in named)]
     assert not unknown, f"{doc_id(doc)} names flags no parser takes: {sorted(set(unknown))}"
+
+
+def test_the_architecture_names_every_module():
+    """docs/architecture.md's layout has a line for each module of asr/ and scripts/: its path, or its name on the
+    line of its folder (``asr/bench/  suite.py ...``)."""
+    layout = (REPO / "docs" / "architecture.md").read_text().split("## Layout", 1)[1]
+    named = {p for path in PATH.findall(layout) for p in existing_paths(path.rstrip(".,"))}
+    modules = [p for folder in ("asr", "scripts") for p in sorted((REPO / folder).rglob("*.py"))
+               if p.name not in ("__init__.py", "__main__.py") or p.parent == REPO / "asr"]
+    left_out = [str(m.relative_to(REPO)) for m in modules if m not in named and not (
+        f"{m.parent.relative_to(REPO)}/" in layout and re.search(rf"(?<![\w/]){re.escape(m.name)}", layout))]
+    assert not left_out, f"docs/architecture.md's layout leaves out {left_out}"
 
 
 def test_the_readme_is_short_enough_to_read_whole():

@@ -5,14 +5,16 @@
 #   2. python -m asr.bench.gpu: the GPU presets' step time, x real time, memory and MFU
 #   3. a short bf16-mixed fit and a short 16-mixed fit of the default model on the bundled data, then a transcription
 #   4. with 2+ GPUs: a few FSDP2 steps and a few DDP steps
-# and prints one summary table. Each part has its own time limit, so a hang is a FAIL row, not a stuck script.
-#   bash scripts/gpu_check.sh            # logs in gpu-check/ (GPU_CHECK_OUT=DIR to choose)
+# and prints one summary table. Each part has its own time limit, so a hang is a TIMEOUT row, not a stuck script.
+# Exit status: 0 when every check passed, 1 when any failed or timed out, 2 without a CUDA GPU.
+#   bash scripts/gpu_check.sh            # logs in gpu-check/ (GPU_CHECK_OUT=DIR to choose; PYTHON=... the interpreter)
 set -u
 cd "$(dirname "$0")/.."
 out=${GPU_CHECK_OUT:-gpu-check}
 mkdir -p "$out" 2>/dev/null
 python=${PYTHON:-python}
 rows=()
+failed=0  # checks that failed or timed out
 
 run() {  # run NAME SECONDS COMMAND...: time it, keep its log, add a row
   local name=$1 limit=$2; shift 2
@@ -21,6 +23,7 @@ run() {  # run NAME SECONDS COMMAND...: time it, keep its log, add a row
   local rc=$? status=ok
   [ $rc -eq 124 ] && status="TIMEOUT (${limit} s)"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && status="FAIL (exit $rc)"
+  [ $rc -ne 0 ] && failed=$((failed + 1))
   rows+=("| $name | $status | $((SECONDS - start)) | $(summary "$name") |")
 }
 
@@ -61,3 +64,4 @@ echo "| check | status | seconds | figure |"
 echo "|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 cat "$out"/bench-*.log | grep -a "^|" | sort -u | grep -v "^| preset\|^|---" | sed 's/^/bench: /'
+if [ "$failed" -gt 0 ]; then echo "gpu_check: $failed checks failed (logs in $out/)"; exit 1; fi

@@ -66,6 +66,7 @@ class ASRDataModule(pl.LightningDataModule):
         cache_audio_mb: float = 0.0,
         seed: int = 0,
         subsampling: int = EncoderConfig.subsampling,
+        objective: str = "ctc",
         augmentation: Augmentation = Augmentation(),
         train_shards: str | list[str] | None = None,
         train_shard_weights: list[float] | None = None,
@@ -100,7 +101,9 @@ class ASRDataModule(pl.LightningDataModule):
                 data worker keeps in memory for each split, so that later epochs need not read and resample
                 it again; 0 = read every time.
             seed: seed of the batch order (with the epoch number).
-            subsampling: the model's frame subsampling, linked from model.encoder.subsampling (CTC feasibility).
+            subsampling: the model's frame subsampling, linked from model.encoder.subsampling (``too_fast``).
+            objective: the model's objective, linked from model.objective: its rule of the encoder frames an
+                utterance needs for its tokens (``too_fast``; asr.train.objectives).
             augmentation: waveform augmentation of training audio (asr.data.augment.Augmentation): all off by default.
             train_shards: train from Lhotse Shar shards written by python -m asr.shard instead of train_manifest: a
                 folder, an https:// or s3:// address of one, or a list of them to mix (asr.data.shards). Start-up
@@ -225,7 +228,7 @@ class ASRDataModule(pl.LightningDataModule):
         return self.check_utterance(utt, ids) or self.too_fast(utt, ids, speed)
 
     def check_utterance(self, utt: mf.Utterance, ids: list[int]) -> mf.Problem | None:
-        """Duration bounds and text the tokenizer knows (CTC feasibility: ``too_fast``)."""
+        """Duration bounds and text the tokenizer knows (the objective's length rule: ``too_fast``)."""
         hp = self.hparams
         longest = min(hp.max_duration, hp.max_batch_seconds)  # a longer one would not fit in a batch
         if not hp.min_duration <= utt.duration <= longest:
@@ -237,16 +240,25 @@ class ASRDataModule(pl.LightningDataModule):
         return None
 
     def too_fast(self, utt: mf.Utterance, ids: list[int], speed: float = 1.0) -> mf.Problem | None:
-        """A Problem if, played at ``speed``, the utterance gives too few encoder frames for CTC to emit ``ids``."""
+        """A Problem if, played at ``speed``, the utterance gives fewer encoder frames than the objective needs for
+        ``ids`` (its ``frames_needed``: CTC's is one per token and a blank between repeats; at least one)."""
         hp = self.hparams
         samples = int(utt.duration / speed * hp.sample_rate)
         frames = encoder_frames(samples, hp.sample_rate, hp.subsampling)
-        needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # CTC needs a blank between repeats
+        needed = max(1, self.frames_needed(ids))
         if needed > frames:
             at = f" at speed {speed:g}" if speed != 1.0 else ""
-            detail = f"{needed} CTC steps for {len(ids)} tokens but {utt.duration:.2f} s{at} gives {frames} encoder frames (model.encoder.subsampling {hp.subsampling})"
+            steps = "CTC steps" if hp.objective == "ctc" else f"encoder frames (model.objective {hp.objective})"
+            detail = f"{needed} {steps} for {len(ids)} tokens but {utt.duration:.2f} s{at} gives {frames} encoder frames (model.encoder.subsampling {hp.subsampling})"
             return mf.Problem(utt.source, "too short for its transcript", detail)
         return None
+
+    @cached_property
+    def frames_needed(self):
+        """The objective's length rule: token ids -> encoder frames needed (asr.train.objectives)."""
+        from asr.train.objectives import objective_class  # here: the objectives import inference's decoders
+
+        return objective_class(self.hparams.objective, "data.objective").frames_needed
 
     def loader(self, split: str, shuffle: bool) -> ResumableLoader:
         dataset = self.datasets[split]

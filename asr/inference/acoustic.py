@@ -48,7 +48,7 @@ class CheckpointModel:
         self.sample_rate: int = module.model.sample_rate
         self.tokenizer: Tokenizer = module.tokenizer
         self.frame_seconds: float = module.model.frame_seconds
-        self.objective = module.objective
+        self.objective = module.decoding  # how its frames become ids, word times and cut points
 
     @torch.inference_mode()
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None

@@ -36,7 +36,7 @@ from asr.inference.inputs import check_all, failed, in_order
 from asr.inference.longform import read_frames, segments, stitched
 from asr.inference.result import Result, confident, hops_per_frame, loudness, words_of
 from asr.train.module import ASRModule
-from asr.train.objectives import CTC, Objective
+from asr.train.objectives import CTC, Decoding
 
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
 ON_ERROR = ("continue", "stop")
@@ -65,7 +65,7 @@ class Transcriber:
                  max_batch_seconds: float = 120.0, decoder: Decoder | None = None, chunk_seconds: float = 30.0,
                  overlap_seconds: float = 4.0, min_confidence: float = 0.0, second_pass: float = SECOND_PASS):
         self.model = CheckpointModel(model, device) if isinstance(model, ASRModule) else model
-        self.objective: Objective = getattr(self.model, "objective", None) or CTC()  # word times, cut points
+        self.objective: Decoding = getattr(self.model, "objective", None) or CTC()  # word times, cut points
         if chunk_seconds and not 4 * self.model.frame_seconds <= overlap_seconds <= chunk_seconds / 2:
             raise ValueError(f"--overlap_seconds must be between 4 frames ({4 * self.model.frame_seconds:g} s) "
                              f"and half of --chunk_seconds ({chunk_seconds / 2:g} s), got {overlap_seconds:g}")

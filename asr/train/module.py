@@ -1,4 +1,5 @@
-"""ASRModule: the LightningModule around asr.models.ctc.CTCModel; the loss is its objective's (asr.train.objectives).
+"""ASRModule: the LightningModule around the network of its objective (``--model.objective``, asr.train.objectives:
+CTC's asr.models.ctc.CTCModel by default); the loss, and how validation decodes, are the objective's.
 
 Train, validation and test share ``_shared_step`` and log ``{stage}/loss``; validation
 and test also log ``{stage}/wer`` and ``{stage}/cer``, computed with jiwer over the whole
@@ -37,7 +38,6 @@ from pytorch_lightning.utilities import rank_zero_warn
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
-from asr.models.ctc import CTCModel
 from asr.scoring import score
 from asr.settings import plain_settings
 from asr.specaugment import SpecAugment, SpecAugmentConfig
@@ -46,12 +46,13 @@ from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
 from asr.train.intervals import all_sum, host_step
 from asr.train.legacy import as_setting, current_names, group_settings
-from asr.train.objectives import CTC
+from asr.train.objectives import build_objective
 from asr.train.schedule import WarmupCosine
 from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
 EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
+OBJECTIVE_SETTINGS = ("inter_ctc",)  # ASRModule's settings handed to the objective whose constructor names them
 
 
 class ASRModule(pl.LightningModule):
@@ -61,6 +62,7 @@ class ASRModule(pl.LightningModule):
         features: FeatureConfig = FeatureConfig(),
         encoder: EncoderConfig = EncoderConfig(),
         spec_augment: SpecAugmentConfig | None = SpecAugmentConfig(),
+        objective: str = "ctc",
         inter_ctc: float = 0.0,
         checkpoint_every: int = 0,
         compile: bool = False,
@@ -74,11 +76,13 @@ class ASRModule(pl.LightningModule):
     ):
         """
         Args:
-            tokenizer: linked from data.tokenizer; its vocab_size sets the CTC head's width.
+            tokenizer: linked from data.tokenizer; its vocab_size sets the output layers' width.
             features: the feature front end (asr.audio.FeatureConfig); its sample_rate is linked from data.sample_rate.
             encoder: the encoder's shapes (asr.models.config.EncoderConfig).
             spec_augment: SpecAugment in training (asr.specaugment.SpecAugmentConfig); null turns it off.
-            inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
+            objective: what training minimises and inference decodes (asr.train.objectives): ctc, or a class path
+                package.module:Class; it is handed the settings below that its constructor names (ctc: inter_ctc).
+            inter_ctc: (ctc) weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
                 (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
                 0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
@@ -110,13 +114,11 @@ class ASRModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         plain_settings(self)
         self.tokenizer, self.optimizer_factory, self.finetune = tokenizer, optimizer, finetune
-        self.objective = CTC(inter_ctc)
+        self.objective = build_objective(objective, {"inter_ctc": inter_ctc}, objective_defaults())
         bin_hz = features.bin_hz() if spec_augment and spec_augment.warps else None  # only the warp needs it
         augment = SpecAugment(spec_augment, bin_hz) if spec_augment else None
-        self.model = CTCModel(features, encoder, tokenizer.vocab_size, augment, checkpoint_every)
-        if inter_ctc and self.model.encoder.middle_block < 0:
-            raise ValueError(f"model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got "
-                             f"{encoder.n_layers} (with model.inter_ctc {inter_ctc}; model.inter_ctc 0 turns it off)")
+        self.model = self.objective.network(features, encoder, tokenizer.vocab_size, augment, checkpoint_every)
+        self.decoding = self.objective.decoding(self.model)  # what validation, and asr.inference, decode with
         if finetune.freeze_steps and not frozen(self, finetune.freeze):
             raise ValueError(f"model.finetune.freeze {', '.join(finetune.freeze)} matches no weight of this model "
                              "(its weights are named model.encoder.subsampling.*, model.encoder.blocks.<i>.*, ...)")
@@ -202,20 +204,21 @@ class ASRModule(pl.LightningModule):
         return self.model(audio, lengths)
 
     def transcribe_batch(self, audio: torch.Tensor, lengths: torch.Tensor) -> list[str]:
-        log_probs, out_lengths = self.model(audio, lengths)
-        return [self.tokenizer.decode(ids) for ids in self.objective.decode(log_probs, out_lengths)]
+        frames, out_lengths = self.model(audio, lengths)
+        return [self.tokenizer.decode(ids) for ids in self.decoding.decode(frames, out_lengths)]
 
     def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks; every rank must call it at the same point (see the module docstring)."""
         return self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
 
     def _shared_step(self, batch: Batch, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(summed loss to minimise, summed CTC loss of the output, the batch's target tokens); they differ
-        only in training with inter_ctc. Evaluation also counts word and char errors."""
-        objective, loss_sum, log_probs, lengths = self.objective(self.model, batch, training=stage == "train")
+        """(summed loss to minimise, summed loss of the output, the batch's target tokens); they differ where the
+        objective adds a loss of its own in training (inter_ctc, a hybrid's CTC head). Evaluation also counts word and
+        char errors."""
+        objective, loss_sum, frames, lengths = self.objective(self.model, batch, training=stage == "train")
         tokens = batch.token_lengths.sum().to(self.device, torch.float64)
         if stage != "train":
-            hypotheses = [self.tokenizer.decode(ids) for ids in self.objective.decode(log_probs, lengths)]
+            hypotheses = [self.tokenizer.decode(ids) for ids in self.decoding.decode(frames, lengths)]
             counts = torch.cat([error_counts(batch.texts, hypotheses).to(self.device),
                                 torch.stack([loss_sum.detach().double(), tokens])])
             self.errors[stage] = self.errors.get(stage, 0) + counts
@@ -359,6 +362,12 @@ class ASRModule(pl.LightningModule):
         self.tally = UpdateTally(self.device, self.hparams.max_consecutive_skips, self.skipped_steps,
                                  self.consecutive_skips)
         self.read_from = self.global_step
+
+
+def objective_defaults() -> dict:
+    """ASRModule's settings that objectives read, at their defaults (asr.train.objectives.build_objective)."""
+    parameters = inspect.signature(ASRModule.__init__).parameters
+    return {name: parameters[name].default for name in OBJECTIVE_SETTINGS}
 
 
 def error_counts(references: list[str], hypotheses: list[str]) -> torch.Tensor:

@@ -1,45 +1,70 @@
-"""The objective seam: what training minimises, and how its outputs become token ids, word times and cut points.
+"""The objective seam: what training minimises, the network it trains, and how that network's frames become token
+ids, word times and cut points.
 
-    objective(model, batch, training) -> Loss(objective to minimise, summed loss of the output, log_probs, lengths)
-    objective.decode(log_probs, lengths) -> token ids per utterance (what WER/CER are scored on; greedy)
-    objective.align(frames, ids, first_frame) -> token spans on one utterance's frames (word times, confidences)
-    objective.silent_frames(frames) -> how many frames emit nothing (a Result's blank_share)
-    objective.cut(frames, lo, hi) -> a frame in [lo, hi) where a long recording's frames may be split
+    objective.network(features, encoder, vocab_size, spec_augment, checkpoint_every) -> the nn.Module it trains
+    objective(model, batch, training) -> Loss(objective to minimise, summed loss of the output, frames, lengths)
+    objective.frames_needed(ids) -> encoder frames an utterance needs to be trained on with these ids (data's rule)
+    objective.decoding(model) -> what inference asks (the Decoding protocol below), bound to the model's weights
 
-asr.inference asks the model's objective (AcousticModel.objective) for all of these, never CTC's functions
-by name; only beam search with a language model (asr.inference.decoding.BeamSearch) is CTC's own.
+    decoding.decode(frames, lengths) -> token ids per utterance (what WER/CER are scored on; greedy)
+    decoding.decoder(tokenizer, beam_size, lm, **options) -> a decoder of the same form (beam search)
+    decoding.align(frames, ids, first_frame) -> token spans on one utterance's frames (word times, confidences)
+    decoding.silent_frames(frames) -> how many frames emit nothing (a Result's blank_share)
+    decoding.cut(frames, lo, hi) -> a frame in [lo, hi) where a long recording's frames may be split
+
+What flows from network to objective are its *frames*: per encoder frame, what the objective reads. For CTC they
+are the log-probabilities (B, T', V); for a transducer (asr.train.transducer) the encoder states in the joiner's
+space. asr.inference asks the model's decoding (AcousticModel.objective) for everything above, never CTC's
+functions by name; beam search with a language model (asr.inference.decoding.BeamSearch) is CTC's own.
+
+``--model.objective`` names the objective: a key of OBJECTIVES or a class path ``package.module:Class``. Its
+constructor's arguments are ASRModule settings of the same names (CTC takes ``inter_ctc``, the transducer
+``transducer``); a setting that no argument of the chosen objective names must be left at its default.
+A new objective is a class in a file of its own with these methods, and one line in OBJECTIVES.
 
 ``CTC`` is today's (with intermediate CTC, Lee and Watanabe 2021). Loss and log-softmax are fp32; a loss is a
 sum over the batch, so ASRModule divides by the global batch's tokens (a per-token mean over all ranks).
-A new objective (hybrid CTC/attention, transducer) is a class here or in a file beside it, with these methods.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Literal, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr.audio import FeatureConfig
 from asr.data.batch import Batch
-from asr.inference.decoding import greedy
+from asr.inference.decoding import Decoder, greedy, make_decoder
 from asr.inference.longform import blank_cut
 from asr.inference.result import Span, align, blank_frames
-from asr.tokenizer import BLANK_ID
+from asr.models.config import EncoderConfig
+from asr.models.ctc import CTCModel
+from asr.specaugment import SpecAugment
+from asr.tokenizer import BLANK_ID, Tokenizer
+
+# --model.objective -> "module:Class", imported only when chosen; a value with a ":" is a class path itself
+OBJECTIVES: dict[str, str] = {
+    "ctc": "asr.train.objectives:CTC",
+}
 
 
 class Loss(NamedTuple):
     objective: torch.Tensor  # () what to minimise, summed over the batch
     loss_sum: torch.Tensor  # () the output's own loss, summed over the batch (what train/loss logs)
-    log_probs: torch.Tensor  # (B, T', V)
+    frames: torch.Tensor  # (B, T', *) what decoding reads (CTC: log-probs (B, T', V))
     lengths: torch.Tensor  # (B,) encoder frames
 
 
-class Objective(Protocol):
-    def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss: ...
+class Decoding(Protocol):
+    """What inference asks of a model's objective (asr.inference.acoustic.AcousticModel.objective)."""
 
-    def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]: ...
+    def decode(self, frames: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]: ...
+
+    def decoder(self, tokenizer: Tokenizer, beam_size: int = 1, lm: str | None = None, **options) -> Decoder: ...
 
     def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]: ...
 
@@ -48,14 +73,65 @@ class Objective(Protocol):
     def cut(self, frames: torch.Tensor, lo: int, hi: int) -> int: ...
 
 
+class Objective(Decoding, Protocol):
+    def network(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
+                spec_augment: SpecAugment | None, checkpoint_every: int) -> nn.Module:
+        """The network this objective trains: features, encoder and its head(s). Its forward takes (audio, lengths,
+        middle=False, statistics=None) and gives (frames, lengths); it has ``sample_rate``, ``frame_seconds``,
+        ``encoder_frames``, ``forward_flops`` and ``token_rows`` as asr.models.ctc.CTCModel has."""
+
+    def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss: ...
+
+    @staticmethod
+    def frames_needed(ids: list[int]) -> int:
+        """Encoder frames an utterance must give for this objective to train on the token ids ``ids``."""
+
+    def decoding(self, model: nn.Module) -> Decoding:
+        """What inference asks, decoding with ``model``'s weights (this objective's network)."""
+
+
+def objective_class(name: str, flag: str = "model.objective") -> type:
+    """The class ``name`` stands for (a key of OBJECTIVES, or ``module:Class``); ValueError naming ``flag``."""
+    path = OBJECTIVES.get(name, name)
+    module, _, attribute = path.partition(":")
+    if not attribute:
+        raise ValueError(f"{flag} {name!r}: not one of {', '.join(OBJECTIVES)}, nor a class path module:Class")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{flag} {name!r}: cannot import {path} ({err})") from err
+
+
+def build_objective(name: str, settings: dict, defaults: dict) -> Objective:
+    """The objective ``name`` made from the ``settings`` its constructor names; ValueError for a setting given
+    (not at its ``defaults`` value) that it does not take."""
+    cls = objective_class(name)
+    takes = inspect.signature(cls).parameters
+    unread = [k for k, v in settings.items() if k not in takes and v != defaults[k]]
+    if unread:
+        raise ValueError(f"model.{unread[0]} is not read by model.objective {name}: leave it at its default "
+                         f"({defaults[unread[0]]!r}) or choose an objective that takes it")
+    return cls(**{k: v for k, v in settings.items() if k in takes})
+
+
 class CTC:
     """CTC on the model's output; in training with ``inter_ctc`` = w > 0, (1 - w) x that + w x the CTC loss of
-    the middle block's output through the same head. Decoding is greedy (best path)."""
+    the middle block's output through the same head. Decoding is greedy (best path); beam search optionally with
+    an n-gram LM (asr.inference.decoding)."""
 
     def __init__(self, inter_ctc: float = 0.0):
         if not 0.0 <= inter_ctc < 1.0:
             raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc:g}")
         self.inter_ctc = inter_ctc
+
+    def network(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
+                spec_augment: SpecAugment | None, checkpoint_every: int) -> CTCModel:
+        model = CTCModel(features, encoder, vocab_size, spec_augment, checkpoint_every)
+        if self.inter_ctc and model.encoder.middle_block < 0:
+            raise ValueError(f"model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got "
+                             f"{encoder.n_layers} (with model.inter_ctc {self.inter_ctc}; model.inter_ctc 0 turns it "
+                             "off)")
+        return model
 
     def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss:
         weight = self.inter_ctc if training else 0.0
@@ -67,8 +143,20 @@ class CTC:
             objective = (1 - weight) * loss_sum + weight * middle_loss
         return Loss(objective, loss_sum, log_probs, lengths)
 
+    @staticmethod
+    def frames_needed(ids: list[int]) -> int:
+        """One frame per token, and a blank between repeats."""
+        return len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))
+
+    def decoding(self, model: nn.Module) -> "CTC":
+        return self  # CTC decodes the log-probs alone
+
     def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
         return greedy(log_probs, lengths)
+
+    def decoder(self, tokenizer: Tokenizer, beam_size: int = 1, lm: str | None = None, **options) -> Decoder:
+        """asr.inference.decoding.make_decoder: greedy, or beam search with an optional n-gram LM."""
+        return make_decoder(tokenizer, beam_size, lm, **options)
 
     def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
         """CTC forced alignment of ``ids`` on one utterance's (T', V) log-probs (asr.inference.result.align)."""

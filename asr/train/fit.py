@@ -31,7 +31,7 @@ import tempfile
 import warnings
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -51,7 +51,7 @@ from asr.data.shard_run import check_by_steps
 from asr.data.shards import ShardsError
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda
 from asr.settings import ConfigError
-from asr.train import fsdp, precision
+from asr.train import budget, fsdp, precision
 from asr.train.init_from import initialize, settings_changed
 from asr.train.legacy import group_config
 from asr.train.module import ASRModule, NonFiniteLossError
@@ -100,6 +100,10 @@ class ASRCLI(LightningCLI):
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="train into a run folder that already holds a run (a logger version given "
                                  "explicitly), replacing its files; without it such a run is refused")
+        parser.add_argument("--budget", type=str | None, default=None,
+                            help="train to this wall time (HH:MM:SS, start-up and test included), choosing the model "
+                                 "size and learning rate that learn the most in it on this data and machine "
+                                 "(asr.train.budget); given on the command line")
         parser.add_argument("--test", type=bool, default=True, help="after fitting, score the test set (with the weights --test_checkpoint names)")
         parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
                             help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "
@@ -352,12 +356,19 @@ def resolve_ckpt_path(cli: ASRCLI) -> str | None:
     return None
 
 
-def main(args: list[str] | None = None) -> ASRCLI:
-    """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data)."""
+def main(args: list[str] | None = None, callbacks: Sequence[pl.Callback] = ()) -> ASRCLI | dict:
+    """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data), or with
+    ``--budget`` the plan (asr.train.budget). ``callbacks`` join the trainer's."""
+    seconds, rest = budget.split_args(sys.argv[1:] if args is None else args)
+    if seconds is not None:
+        return budget.main(seconds, rest)
     try:
         cli = build(args)
     except (ValueError, MisconfigurationException) as err:  # a constructor (ours or Lightning's) refused a setting
         raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from err
+    if cli.config.budget:  # from a --config file: the command line's path
+        return budget.main(budget.parse_budget(cli.config.budget), [a for a in (args or sys.argv[1:])])
+    cli.trainer.callbacks.extend(callbacks)
     check_training(cli)
     ckpt_path = resolve_ckpt_path(cli)
     if cli.trainer.global_rank == 0:  # the folder rank 0 writes

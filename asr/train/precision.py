@@ -115,10 +115,12 @@ def probe_batch(module, datamodule, seed: int = 0) -> Batch:
 
 
 def shape_key(module, batch: Batch) -> str:
-    """The model's settings and the probe batch's shape, as a short stable digest (the cache's model part)."""
-    settings = {k: v for k, v in module.hparams.items() if k not in ("init_from", "finetune", "max_consecutive_skips")}
-    described = json.dumps([repr(settings), module.tokenizer.vocab_size, list(batch.audio.shape),
-                            list(batch.tokens.shape)], sort_keys=True, default=str)
+    """The model's settings (as its class reads them back: the same for a module LightningCLI built and one built
+    by hand) and the probe batch's shape, as a short stable digest: the cache's model part."""
+    settings = {k: v for k, v in type(module).settings(dict(module.hparams)).items()
+                if k not in ("init_from", "finetune", "max_consecutive_skips")}
+    described = json.dumps([repr(sorted(settings.items())), module.tokenizer.vocab_size, list(batch.audio.shape),
+                            list(batch.tokens.shape)], default=str)
     return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 

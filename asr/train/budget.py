@@ -1,0 +1,395 @@
+"""Train to a budget: ``python -m asr.fit --budget 00:15:00`` chooses the model size and learning rate that learn
+the most on this data, on this machine, in that wall time (start-up and the final test included).
+
+    python -m asr.fit --budget 00:05:00                                   # the bundled corpus, 5 minutes
+    python -m asr.fit --config configs/recipes/real-1h-cpu.yaml --budget 01:00:00
+    python -m asr.fit --budget 00:15:00 --ckpt_path last                  # resume the chosen run, not the search
+
+How it chooses (each number below is a constant of this module, and plan.json records them):
+
+1. Candidates: the run's own encoder at three widths (``WIDTHS`` x its d_model) and two peak learning rates
+   (``LR_FACTORS`` x its optimizer's lr): six. Each one's training step is timed on this machine in its best
+   precision (asr.train.precision: cached per CPU and model shape, so the same machine plans the same).
+2. The probe: successive halving within ``PROBE_SHARE`` of the training time. Every candidate trains for t0
+   seconds' worth of its own steps, the slower-learning half by validation loss is stopped, the rest continue to
+   2 t0, then 4 t0 (6 -> 3 -> 2). Each candidate's learning rate follows the schedule it would have as the winner
+   (warm-up and cosine over the steps it would make in the winner's time), so a probe is the start of that run.
+3. The choice: each survivor's validation losses against its training seconds are fitted with a power law,
+   loss = b * t^-c, and extrapolated to the time it would have in all; the lowest wins (``choose``).
+4. The winner continues from its own weights, optimizer and schedule (nothing it learned is thrown away) for the
+   time left, stopped by ``--trainer.max_time``, and the test split scores it as in any run.
+
+The run folder of the winner holds plan.json (candidates, each probe's steps, seconds and losses, the fits, the
+choice and why) and, where matplotlib is installed, plan.png; the same table is printed. The probes' own folders
+are beside it (``<save_dir>/<name>/budget/``). A budget too small for each candidate to make ``MIN_PROBE_STEPS``
+steps in the first round is refused, naming the smallest that would do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+
+from asr.settings import ConfigError
+
+WIDTHS = (2 / 3, 1.0, 1.5)  # of the recipe's d_model: a smaller and a larger model than it, at its depth
+LR_FACTORS = (1.0, 2.0)  # of the recipe's peak lr: a shorter run learns more at a higher rate
+PROBE_SHARE = 0.3  # at most this share of the training time goes to the candidates that lose
+MIN_PROBE_STEPS = 30  # a candidate's first round: fewer steps than this say nothing of how it learns
+RESERVE_SHARE = 0.03  # of the budget, kept back for the final test and the run's own start-up beyond the probes'
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model size and learning rate; ``step_s``: seconds of one training step on this machine."""
+
+    d_model: int
+    lr: float
+    params: int = 0
+    step_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"d{self.d_model}-lr{self.lr:g}"
+
+    def overrides(self, total_steps: int, max_seconds: float) -> list[str]:
+        """The asr.fit flags of this candidate's run, its schedule sized to ``total_steps`` in ``max_seconds``."""
+        return ["--model.encoder.d_model", str(self.d_model), "--model.optimizer.init_args.lr", f"{self.lr:g}",
+                "--trainer.max_steps", str(total_steps), "--trainer.max_epochs", "-1",
+                "--trainer.max_time", clock(max_seconds)]
+
+
+@dataclass
+class Probe:
+    """What one candidate learned: cumulative steps, estimated training seconds and validation losses."""
+
+    candidate: Candidate
+    steps: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    checkpoint: str | None = None
+    wall: float = 0.0  # seconds the probe's runs took, start-up and validation included
+
+
+def parse_budget(text: str) -> float:
+    """Seconds of ``HH:MM:SS``, ``DD:HH:MM:SS`` or a plain number of seconds; ConfigError naming --budget else."""
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    elif re.fullmatch(r"(\d+:){1,3}\d+", text):
+        parts = [int(p) for p in text.split(":")]
+        seconds = sum(p * u for p, u in zip(reversed(parts), (1, 60, 3600, 86400)))
+    else:
+        raise ConfigError(f"--budget {text!r}: give a wall time as HH:MM:SS (e.g. 00:15:00) or seconds")
+    if seconds <= 0:
+        raise ConfigError(f"--budget {text!r} must be more than no time")
+    return seconds
+
+
+def clock(seconds: float) -> str:
+    """``DD:HH:MM:SS`` for Lightning's max_time (whole seconds, at least one)."""
+    s = max(1, int(seconds))
+    return f"{s // 86400:02d}:{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def halving(n: int) -> list[int]:
+    """Candidates alive in each round of successive halving, down to two: 6 -> [6, 3, 2]; 4 -> [4, 2]."""
+    alive = [n]
+    while alive[-1] > 2:
+        alive.append(math.ceil(alive[-1] / 2))
+    return alive
+
+
+def probe_units(n: int) -> float:
+    """The probe's length in units of t0: round k takes each of its candidates from t0 2^(k-1) to t0 2^k."""
+    return sum(alive * (2 ** k - (2 ** (k - 1) if k else 0)) for k, alive in enumerate(halving(n)))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The probe's plan in seconds: t0, the training time a winner gets in all, and the probe's total."""
+
+    t0: float
+    winner_seconds: float
+    probe_seconds: float
+
+
+def schedule(train_seconds: float, candidates: list[Candidate]) -> Schedule:
+    """t0 such that the probe takes PROBE_SHARE of ``train_seconds``; ConfigError if a candidate would make fewer
+    than MIN_PROBE_STEPS steps in t0, naming the smallest training time that would do."""
+    units = probe_units(len(candidates))
+    t0 = PROBE_SHARE * train_seconds / units
+    slowest = max(c.step_s for c in candidates)
+    if t0 < MIN_PROBE_STEPS * slowest:
+        needed = MIN_PROBE_STEPS * slowest * units / PROBE_SHARE
+        raise BudgetTooSmall(needed, f"{len(candidates)} candidates each need {MIN_PROBE_STEPS} steps in the probe's "
+                             f"first round (the slowest {slowest:.3f} s a step here)")
+    last = 2 ** (len(halving(len(candidates))) - 1) * t0  # a survivor's own training in the probe
+    probe = units * t0
+    return Schedule(t0, train_seconds - probe + last, probe)
+
+
+class BudgetTooSmall(ConfigError):
+    def __init__(self, train_seconds: float, why: str):
+        self.train_seconds = train_seconds
+        super().__init__(why)
+
+
+def power_law(seconds: list[float], losses: list[float]) -> tuple[float, float]:
+    """(b, c) of loss = b * t^-c fitted by least squares in log-log; c >= 0 (a probe that got worse is flat)."""
+    if len(seconds) < 2:
+        return losses[-1], 0.0
+    x, y = torch.tensor(seconds, dtype=torch.float64).log(), torch.tensor(losses, dtype=torch.float64).log()
+    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum().clamp(min=1e-12))
+    c = max(0.0, -slope)
+    b = float((y + c * x).mean().exp())
+    return b, c
+
+
+def extrapolate(probe: Probe, seconds: float) -> float:
+    """The probe's validation loss at ``seconds`` of training, by its power law."""
+    b, c = power_law(probe.seconds, probe.losses)
+    return b * seconds ** -c
+
+
+def choose(probes: list[Probe], more_seconds: float) -> tuple[Probe, dict[str, float]]:
+    """The survivor whose loss extrapolated to its own seconds plus ``more_seconds`` is lowest (ties: the first),
+    and each survivor's extrapolation by name."""
+    predicted = {p.candidate.name: extrapolate(p, p.seconds[-1] + more_seconds) for p in probes}
+    return min(probes, key=lambda p: predicted[p.candidate.name]), predicted
+
+
+def survivors(probes: list[Probe], keep: int) -> list[Probe]:
+    """The ``keep`` probes with the lowest last validation loss (stable: ties keep the earlier candidate)."""
+    return sorted(probes, key=lambda p: p.losses[-1])[:keep]
+
+
+def candidates_of(cli) -> list[Candidate]:
+    """The candidates around ``cli``'s model (WIDTHS x d_model, rounded to a multiple of 2 x heads; LR_FACTORS x
+    its lr), each with its parameters and its step time on this machine (asr.train.precision)."""
+    from asr.train import precision  # here: its imports build nothing the plan does not need
+    from asr.train.module import ASRModule
+
+    module = cli.model
+    settings = ASRModule.settings(dict(module.hparams))
+    encoder, heads = settings["encoder"], settings["encoder"].n_heads
+    lr = module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))]).param_groups[0]["lr"]
+    batch = precision.probe_batch(module, cli.datamodule)
+    found = []
+    for width in sorted({max(2 * heads, round(encoder.d_model * w / (2 * heads)) * 2 * heads) for w in WIDTHS}):
+        sized = ASRModule(tokenizer=module.tokenizer, optimizer=module.optimizer_factory,
+                          **{**settings, "encoder": replace(encoder, d_model=width)})
+        times = precision.measured_steps(sized, batch)
+        step_s = min(t for k, t in times.items() if k != "cached")
+        params = sum(p.numel() for p in sized.parameters())
+        found += [Candidate(width, lr * f, params, step_s) for f in LR_FACTORS]
+    return found
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (its start-up is part of the budget)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / _CLOCK_TICKS)
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
+try:
+    import os
+
+    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):
+    _CLOCK_TICKS = 100
+
+
+class StopAtStep(pl.Callback):
+    """Stop training after optimizer step ``step`` (a probe's round); the epoch's end writes last.ckpt as ever."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def train_seconds(trainer: pl.Trainer) -> float:
+    """Seconds of training so far by trainer.max_time's Timer (resumed runs included)."""
+    timer = next(c for c in trainer.callbacks if isinstance(c, pl.callbacks.Timer))
+    return timer.time_elapsed("train")
+
+
+class Search:
+    """The probe and the choice, run in this process through asr.train.fit.main (one run per candidate and round).
+
+    ``args``: the asr.fit arguments without the budget's own; ``budget``: seconds, counted from this process'
+    start."""
+
+    def __init__(self, args: list[str], budget: float, say=print):
+        from asr.train import fit  # here: asr.train.fit imports this module
+
+        self.fit, self.args, self.budget, self.say = fit, args, budget, say
+        began = time.monotonic()
+        self.base = fit.build(args)
+        self.build_seconds = time.monotonic() - began  # what each probe run pays again before its first step
+        logger = self.base.trainer.logger
+        self.save_dir, self.name = Path(logger.save_dir), logger.name
+        self.folder = self.save_dir / self.name / "budget"
+        self.tokenizer = self.folder / "tokenizer.model"
+
+    def left(self) -> float:
+        """Seconds of the budget not yet spent, less the reserve for the final test."""
+        return self.budget * (1 - RESERVE_SHARE) - process_seconds()
+
+    def plan(self) -> tuple[list[Candidate], Schedule]:
+        candidates = candidates_of(self.base)
+        rounds = sum(halving(len(candidates))) + 1  # each a run of its own with its start-up; +1: the winner's
+        train = self.left() - rounds * self.build_seconds
+        try:
+            return candidates, schedule(train, candidates)
+        except BudgetTooSmall as small:
+            needed = self.budget - train + small.train_seconds
+            raise ConfigError(f"--budget {clock(self.budget)[3:]} is too small to choose a model in: {small}; the "
+                              f"smallest budget that would do is about {clock(math.ceil(needed))[3:]} on this "
+                              f"machine (or train one model: --trainer.max_time)") from None
+
+    def arguments(self, probe: Probe, plan: Schedule, final: bool) -> list[str]:
+        """asr.fit's arguments for ``probe``'s next run: a round of the probe into the budget folder, or (``final``)
+        the winner's run into the run folder, to the end of its schedule or of the time left."""
+        candidate = probe.candidate
+        total = max(1, int(plan.winner_seconds / candidate.step_s))
+        if final:
+            limit = (probe.seconds[-1] if probe.seconds else 0.0) + self.left() - self.build_seconds
+            where = [str(self.save_dir), self.name]
+        else:
+            limit, where = plan.winner_seconds, [str(self.folder), candidate.name]
+        return [*self.args, "--data.tokenizer_model", str(self.tokenizer), *candidate.overrides(total, limit),
+                "--trainer.logger.init_args.save_dir", where[0], "--trainer.logger.init_args.name", where[1],
+                *([] if final else ["--test", "false"]), *(["--ckpt_path", probe.checkpoint] if probe.checkpoint else [])]
+
+    def run(self, probe: Probe, plan: Schedule, steps: int | None) -> None:
+        """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` and record its validation loss;
+        None: the winner's run, to the end of its schedule or of the time left."""
+        began = time.monotonic()
+        cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks=[StopAtStep(steps)] if steps else [])
+        if steps is not None:
+            (metrics,) = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+            probe.steps.append(cli.trainer.global_step)
+            probe.seconds.append(train_seconds(cli.trainer))
+            probe.losses.append(float(metrics["val/loss"]))
+            probe.checkpoint = str(Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt")
+        probe.wall += time.monotonic() - began
+        self.final = cli
+
+    def search(self) -> dict:
+        """The probe (successive halving), the choice and the winner's run; returns the plan as plan.json holds it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.base.datamodule.tokenizer.save(self.tokenizer)
+        candidates, plan = self.plan()
+        probes = [Probe(c) for c in candidates]
+        alive = probes
+        for k, keep in enumerate(halving(len(candidates))):
+            alive = survivors(alive, keep) if k else alive
+            for probe in alive:
+                self.run(probe, plan, max(1, round(plan.t0 * 2 ** k / probe.candidate.step_s)))
+        winner, predicted = choose(alive, plan.winner_seconds - plan.t0 * 2 ** (len(halving(len(candidates))) - 1))
+        record = self.record(candidates, plan, probes, winner, predicted)
+        record["continue"] = self.arguments(winner, plan, final=True)[len(self.args):]  # what a resume runs again
+        (self.folder / PLAN).write_text(json.dumps(record, indent=1))
+        self.say(table(record))
+        self.run(winner, plan, None)
+        record["run_folder"] = self.final.trainer.log_dir
+        record["spent_seconds"] = process_seconds()
+        for folder in (self.folder, Path(self.final.trainer.log_dir)):
+            (folder / PLAN).write_text(json.dumps(record, indent=1))
+        plot(record, Path(self.final.trainer.log_dir) / "plan.png")
+        return record
+
+    def record(self, candidates, plan, probes, winner, predicted) -> dict:
+        return {
+            "budget_seconds": self.budget, "probe_share": PROBE_SHARE, "widths": WIDTHS, "lr_factors": LR_FACTORS,
+            "t0_seconds": plan.t0, "probe_seconds": plan.probe_seconds, "winner_seconds": plan.winner_seconds,
+            "candidates": [{**asdict(p.candidate), "name": p.candidate.name, "steps": p.steps, "seconds": p.seconds,
+                            "val_losses": p.losses, "wall_seconds": p.wall,
+                            "predicted_loss": predicted.get(p.candidate.name)} for p in probes],
+            "chosen": winner.candidate.name,
+            "why": (f"lowest validation loss extrapolated to {plan.winner_seconds:.0f} s of training "
+                    f"(loss = b t^-c fitted to each survivor's probe)"),
+        }
+
+
+def table(record: dict) -> str:
+    """The plan as the run prints it: one line per candidate."""
+    lines = [f"budget {record['budget_seconds']:.0f} s: probe {record['probe_seconds']:.0f} s "
+             f"({record['probe_share']:.0%} of the training time at most), winner trains {record['winner_seconds']:.0f} s",
+             f"{'candidate':<16} {'params':>9} {'s/step':>7} {'steps':>14} {'val loss':>22} {'predicted':>9}"]
+    for c in record["candidates"]:
+        predicted = f"{c['predicted_loss']:.3f}" if c["predicted_loss"] is not None else "stopped"
+        lines.append(f"{c['name']:<16} {c['params']:>9,} {c['step_s']:>7.3f} {'/'.join(map(str, c['steps'])):>14} "
+                     f"{'/'.join(f'{x:.3f}' for x in c['val_losses']):>22} {predicted:>9}")
+    lines.append(f"chosen: {record['chosen']}: {record['why']}")
+    return "\n".join(lines)
+
+
+def plot(record: dict, path: Path) -> None:
+    """Each candidate's validation loss against its training seconds (where matplotlib is installed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for c in record["candidates"]:
+        axes.plot(c["seconds"], c["val_losses"], marker="o", label=c["name"] + (" (chosen)" if c["name"] == record["chosen"] else ""))
+    axes.set(xlabel="training seconds", ylabel="validation loss", xscale="log", yscale="log")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def resume(args: list[str], budget: float) -> dict:
+    """``--budget ... --ckpt_path last``: continue the chosen run of the plan in the run folder, not the search."""
+    from asr.train import fit
+
+    logger = fit.build(args).trainer.logger
+    plan_file = Path(logger.save_dir) / logger.name / "budget" / PLAN
+    if not plan_file.is_file():
+        raise ConfigError(f"--budget with --ckpt_path: no {plan_file} to continue (no budgeted run there)")
+    record = json.loads(plan_file.read_text())
+    again = record["continue"]
+    if "--ckpt_path" in again:  # the probe's checkpoint it started from: the resume's own --ckpt_path replaces it
+        del again[again.index("--ckpt_path"):again.index("--ckpt_path") + 2]
+    print(f"--budget: continuing the chosen run, {record['chosen']} (plan: {plan_file})")
+    fit.main([*args, *again])
+    return record
+
+
+def split_args(args: list[str]) -> tuple[float | None, list[str]]:
+    """(--budget's seconds or None, the other arguments): the budget is this module's, not LightningCLI's."""
+    rest, budget, it = [], None, iter(args)
+    for arg in it:
+        if arg == "--budget" or arg.startswith("--budget="):
+            budget = parse_budget(arg.split("=", 1)[1] if "=" in arg else next(it, ""))
+        else:
+            rest.append(arg)
+    return budget, rest
+
+
+def main(budget: float, args: list[str]) -> dict:
+    """Train to ``budget`` seconds with asr.fit ``args``: the search, or with --ckpt_path the chosen run's resume."""
+    if any(a == "--ckpt_path" or a.startswith("--ckpt_path=") for a in args):
+        return resume(args, budget)
+    return Search(args, budget).search()

@@ -1,0 +1,141 @@
+"""asr.train.budget: ``--budget`` parsing, the probe's plan, the choice on injected curves, the refusal of a budget
+too small, and a tiny budgeted run end to end (its plan.json, its test, its resume)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from asr.settings import ConfigError
+from asr.train import budget, precision
+from asr.train.budget import Candidate, Probe
+from tests import MINI
+from tests.e2e.test_fit import TINY, slice_manifest
+
+
+def test_a_budget_is_a_wall_time_or_seconds_and_a_mistake_names_the_flag():
+    assert budget.parse_budget("00:15:00") == 900
+    assert budget.parse_budget("01:00:00") == 3600 and budget.parse_budget("1:02:03:04") == 93784
+    assert budget.parse_budget("90") == 90
+    for bad in ("15 minutes", "00:00:00", "-5"):
+        with pytest.raises(ConfigError, match="--budget"):
+            budget.parse_budget(bad)
+    assert budget.split_args(["--budget", "00:05:00", "--seed_everything", "1"]) == (300, ["--seed_everything", "1"])
+    assert budget.split_args(["--budget=60"]) == (60, [])
+
+
+def test_successive_halving_keeps_half_each_round_and_doubles_the_time():
+    assert budget.halving(6) == [6, 3, 2] and budget.halving(4) == [4, 2] and budget.halving(2) == [2]
+    assert budget.probe_units(6) == 6 * 1 + 3 * 1 + 2 * 2  # round k takes each survivor from t0 2^(k-1) to t0 2^k
+
+
+def candidates(*step_s: float) -> list[Candidate]:
+    return [Candidate(64 + 32 * i, 1e-3, 1000, s) for i, s in enumerate(step_s)]
+
+
+def test_the_probe_takes_its_share_and_the_winner_gets_the_rest():
+    plan = budget.schedule(1000.0, candidates(0.1, 0.1, 0.2, 0.2, 0.3, 0.3))
+    assert plan.probe_seconds == pytest.approx(budget.PROBE_SHARE * 1000)
+    assert plan.t0 == pytest.approx(plan.probe_seconds / 13)
+    assert plan.winner_seconds == pytest.approx(1000 - plan.probe_seconds + 4 * plan.t0)
+
+
+def test_a_budget_too_small_for_the_slowest_candidate_names_the_training_time_that_would_do():
+    with pytest.raises(budget.BudgetTooSmall) as refused:
+        budget.schedule(10.0, candidates(0.1, 1.0))
+    assert refused.value.train_seconds == pytest.approx(budget.MIN_PROBE_STEPS * 1.0 * 2 / budget.PROBE_SHARE)
+    budget.schedule(refused.value.train_seconds * 1.001, candidates(0.1, 1.0))  # that much is enough
+
+
+def test_a_power_law_is_recovered_and_a_worse_probe_extrapolates_flat():
+    seconds = [10.0, 20.0, 40.0]
+    b, c = budget.power_law(seconds, [3.0 * t ** -0.5 for t in seconds])
+    assert b == pytest.approx(3.0) and c == pytest.approx(0.5)
+    assert budget.power_law(seconds, [1.0, 1.1, 1.2])[1] == 0.0
+    assert budget.power_law([10.0], [2.0]) == (2.0, 0.0)
+
+
+def probe(name_width: int, seconds: list[float], losses: list[float]) -> Probe:
+    return Probe(Candidate(name_width, 1e-3, 1000, 0.1), steps=[1] * len(seconds), seconds=seconds, losses=losses)
+
+
+def test_the_choice_is_the_lowest_extrapolated_loss_not_the_lowest_loss_now():
+    """A larger model starts behind but learns faster: given the time, it wins (the curves cross)."""
+    fast_start = probe(64, [10, 20, 40], [1.00 * t ** -0.1 for t in (10, 20, 40)])
+    fast_learner = probe(128, [10, 20, 40], [2.50 * t ** -0.3 for t in (10, 20, 40)])
+    assert fast_start.losses[-1] < fast_learner.losses[-1]
+    assert budget.choose([fast_start, fast_learner], more_seconds=20)[0] is fast_start  # they cross at 98 s
+    winner, predicted = budget.choose([fast_start, fast_learner], more_seconds=2000)
+    assert winner is fast_learner and predicted["d128-lr0.001"] < predicted["d64-lr0.001"]
+
+
+def test_survivors_are_the_lowest_losses_in_a_stable_order():
+    probes = [probe(64, [1], [0.5]), probe(96, [1], [0.4]), probe(128, [1], [0.5])]
+    assert [p.candidate.d_model for p in budget.survivors(probes, 2)] == [96, 64]
+
+
+def test_candidates_widen_the_recipes_model_and_raise_its_learning_rate(tmp_path):
+    from asr.train.fit import build
+
+    cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path), *TINY, "--model.encoder.d_model", "96"])
+    found = budget.candidates_of(cli)
+    assert sorted({c.d_model for c in found}) == [64, 96, 144]  # 2/3, 1 and 1.5 of 96, multiples of 2 x 2 heads
+    assert sorted({c.lr for c in found}) == [1e-3, 2e-3]  # AdamW's own lr and twice it
+    small, large = min(found, key=lambda c: c.params), max(found, key=lambda c: c.params)
+    assert small.params < large.params and all(c.step_s > 0 for c in found)
+
+
+@pytest.fixture(scope="module")
+def budgeted(tmp_path_factory):
+    """A budgeted run of two candidates (one width, two learning rates) on a slice of data/mini."""
+    tmp = tmp_path_factory.mktemp("budget")
+    train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 60)
+    dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 10)
+    args = ["--trainer.logger.init_args.save_dir", str(tmp / "runs"), "--trainer.enable_progress_bar", "false",
+            "--data.num_workers", "0", *TINY, "--data.train_manifest", str(train), "--data.val_manifest", str(dev),
+            "--data.test_manifest", str(dev), "--data.max_batch_seconds", "8"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(budget, "WIDTHS", (1.0,))
+        patch.setattr(budget, "MIN_PROBE_STEPS", 3)
+        patch.setattr(budget, "process_seconds", lambda: 0.0)  # the test's own process has run for minutes
+        patch.setattr(precision, "measured_steps", lambda *a: {"32-true": 1.0, "bf16-mixed": math.inf})  # any CPU
+        from asr.train.fit import main
+
+        record = main(["--budget", "00:01:00", *args])
+    return tmp, args, record
+
+
+def test_a_budgeted_run_probes_chooses_continues_and_tests(budgeted):
+    tmp, _, record = budgeted
+    folder = Path(record["run_folder"])
+    assert folder.parent == tmp / "runs" / "default"  # the winner's run is the run folder's next version
+    assert json.loads((folder / "plan.json").read_text())["chosen"] == record["chosen"]
+    assert len(record["candidates"]) == 2 and record["chosen"] in {c["name"] for c in record["candidates"]}
+    for c in record["candidates"]:
+        assert len(c["val_losses"]) == 1 and math.isfinite(c["val_losses"][0]) and c["steps"][0] >= 3
+    assert (folder / "checkpoints" / "last.ckpt").is_file()
+    metrics = (folder / "metrics.csv").read_text()
+    assert "test/wer" in metrics  # scored on the test split as any run
+    chosen = next(c for c in record["candidates"] if c["name"] == record["chosen"])
+    config = (folder / "config.yaml").read_text()
+    assert f"lr: {chosen['lr']}" in config.replace("0.001", "0.001") or str(chosen["lr"]) in config
+
+
+def test_a_budgeted_run_resumes_the_chosen_run_not_the_search(budgeted, capsys):
+    tmp, args, record = budgeted
+    from asr.train.fit import main
+
+    main(["--budget", "00:01:00", *args, "--ckpt_path", "last"])
+    out = capsys.readouterr().out
+    assert f"continuing the chosen run, {record['chosen']}" in out
+    assert not (tmp / "runs" / "default" / "budget" / "d64-lr0.001" / "version_1").exists()  # no probe ran again
+
+
+def test_a_budget_too_small_is_refused_with_the_smallest_that_would_do(tmp_path):
+    from asr.train.fit import main
+
+    with pytest.raises(ConfigError, match=r"too small .* smallest budget that would do is about \d\d:\d\d:\d\d"):
+        main(["--budget", "00:00:02", "--trainer.logger.init_args.save_dir", str(tmp_path), *TINY])

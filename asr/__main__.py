@@ -11,7 +11,7 @@ import sys
 
 # command -> (module whose run() runs it and exits with its status, what it does)
 COMMANDS = {
-    "fit": ("asr.train.fit", "train a model (LightningCLI)"),
+    "fit": ("asr.fit", "train a model (LightningCLI), or to a budget; plan a GPU run to GPU-hours"),
     "transcribe": ("asr.transcribe", "transcribe audio files, folders or manifests"),
     "average": ("asr.tools.average", "average the weights of checkpoints"),
     "export": ("asr.tools.export", "a torch.export .pt2 for serving"),

@@ -21,8 +21,9 @@ How it chooses (each number below is a constant of this module, and plan.json re
 
 The run folder of the winner holds plan.json (candidates, each probe's steps, seconds and losses, the fits, the
 choice and why) and, where matplotlib is installed, plan.png; the same table is printed. The probes' own folders
-are beside it (``<save_dir>/<name>/budget/``). A budget too small for each candidate to make ``MIN_PROBE_STEPS``
-steps in the first round is refused, naming the smallest that would do.
+are beside it (``<save_dir>/<name>/budget/``). A budget too small for six candidates to make ``MIN_PROBE_STEPS``
+steps each in the first round probes fewer (``fewer``: the recipe's width and the smaller one, then the recipe's
+width at both rates); one too small for two is refused, naming the smallest that would do.
 """
 
 from __future__ import annotations
@@ -193,6 +194,13 @@ def candidates_of(cli) -> list[Candidate]:
     return found
 
 
+def fewer(candidates: list[Candidate], d_model: int) -> list[list[Candidate]]:
+    """The sets a budget may afford, largest first: every candidate; the recipe's width and the smaller ones
+    (cheaper steps); the recipe's width alone at each learning rate."""
+    sets = [candidates, [c for c in candidates if c.d_model <= d_model], [c for c in candidates if c.d_model == d_model]]
+    return [s for i, s in enumerate(sets) if s and s not in sets[:i]]
+
+
 def process_seconds() -> float:
     """Seconds since this process started (its start-up is part of the budget)."""
     try:
@@ -252,16 +260,18 @@ class Search:
         return self.budget * (1 - RESERVE_SHARE) - process_seconds()
 
     def plan(self) -> tuple[list[Candidate], Schedule]:
-        candidates = candidates_of(self.base)
-        rounds = sum(halving(len(candidates))) + 1  # each a run of its own with its start-up; +1: the winner's
-        train = self.left() - rounds * self.build_seconds
-        try:
-            return candidates, schedule(train, candidates)
-        except BudgetTooSmall as small:
-            needed = self.budget - train + small.train_seconds
-            raise ConfigError(f"--budget {clock(self.budget)[3:]} is too small to choose a model in: {small}; the "
-                              f"smallest budget that would do is about {clock(math.ceil(needed))[3:]} on this "
-                              f"machine (or train one model: --trainer.max_time)") from None
+        """The candidates and the probe's schedule: all six where the budget allows, else fewer (``fewer``)."""
+        every = candidates_of(self.base)
+        for candidates in fewer(every, self.base.model.hparams.encoder["d_model"]):
+            rounds = sum(halving(len(candidates))) + 1  # each a run of its own with its start-up; +1: the winner's
+            train = self.left() - rounds * self.build_seconds
+            try:
+                return candidates, schedule(train, candidates)
+            except BudgetTooSmall as small:
+                needed, why = self.budget - train + small.train_seconds, str(small)
+        raise ConfigError(f"--budget {clock(self.budget)[3:]} is too small to choose a model in: {why}; the "
+                          f"smallest budget that would do is about {clock(math.ceil(needed))[3:]} on this machine "
+                          "(or train one model: --trainer.max_time)")
 
     def arguments(self, probe: Probe, plan: Schedule, final: bool) -> list[str]:
         """asr.fit's arguments for ``probe``'s next run: a round of the probe into the budget folder, or (``final``)

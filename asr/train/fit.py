@@ -104,6 +104,11 @@ class ASRCLI(LightningCLI):
                             help="train to this wall time (HH:MM:SS, start-up and test included), choosing the model "
                                  "size and learning rate that learn the most in it on this data and machine "
                                  "(asr.train.budget); given on the command line")
+        parser.add_argument("--budget_gpu_hours", type=float | None, default=None,
+                            help="with --plan_only: plan a GPU run to this many GPU-hours without training: preset, "
+                                 "batch, steps, workers (asr.study.plan; python -m asr.fit --budget_gpu_hours H "
+                                 "--plan_only --help for its own flags)")
+        parser.add_argument("--plan_only", type=bool, default=False, help="with --budget_gpu_hours: print the plan")
         parser.add_argument("--test", type=bool, default=True, help="after fitting, score the test set (with the weights --test_checkpoint names)")
         parser.add_argument("--test_checkpoint", type=Literal["best", "last"], default="best",
                             help="what --test scores: the best checkpoint by the first ModelCheckpoint's monitor "
@@ -366,6 +371,9 @@ def main(args: list[str] | None = None, callbacks: Sequence[pl.Callback] = ()) -
         cli = build(args)
     except (ValueError, MisconfigurationException) as err:  # a constructor (ours or Lightning's) refused a setting
         raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from err
+    if cli.config.budget_gpu_hours or cli.config.plan_only:
+        raise ConfigError("--budget_gpu_hours and --plan_only plan a GPU run: python -m asr.fit --budget_gpu_hours H "
+                          "--plan_only --data.train_shards S (on the command line, not in a config)")
     if cli.config.budget:  # from a --config file: the command line's path
         return budget.main(budget.parse_budget(cli.config.budget), [a for a in (args or sys.argv[1:])])
     cli.trainer.callbacks.extend(callbacks)

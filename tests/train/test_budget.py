@@ -139,3 +139,10 @@ def test_a_budget_too_small_is_refused_with_the_smallest_that_would_do(tmp_path)
 
     with pytest.raises(ConfigError, match=r"too small .* smallest budget that would do is about \d\d:\d\d:\d\d"):
         main(["--budget", "00:00:02", "--trainer.logger.init_args.save_dir", str(tmp_path), *TINY])
+
+
+def test_a_smaller_budget_probes_fewer_candidates_the_cheaper_ones_first():
+    found = [Candidate(d, lr, 1000, 0.1) for d in (64, 96, 144) for lr in (1e-3, 2e-3)]
+    sets = budget.fewer(found, 96)
+    assert [len(s) for s in sets] == [6, 4, 2]
+    assert {c.d_model for c in sets[1]} == {64, 96} and {c.d_model for c in sets[2]} == {96}

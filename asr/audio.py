@@ -8,6 +8,10 @@ are given in seconds, so one code path serves 8 kHz and 16 kHz audio:
     16 kHz preset: log-mel, 25 ms window, 10 ms hop, 80 mel bins
                    (``kind="linear"`` gives a 161-bin linear spectrogram, 20 ms window)
 
+Normalisation (``FeatureConfig.norm``): per utterance by default (``normalise``: the statistics of all its frames,
+so a frame's features depend on audio after it), or ``global``: one mean and variance per bin for all audio, kept
+with the weights, so each frame is scaled alone and a stream needs no future audio (``complete_frames``).
+
 Frames: an utterance of ``n`` samples gives ``n // hop`` frames (16 s at 8 kHz -> 1600).
 Frame ``i`` covers samples ``[i * hop, i * hop + window)``; samples past the end count as
 zeros, so a padded utterance gives exactly the frames it gives alone. Audio shorter than one
@@ -34,7 +38,8 @@ HOP_SECONDS = 0.010  # 10 ms between feature frames, both presets
 LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
 LOUD_FRAMES = 11  # loud_frames: an utterance's loud level is its highest energy averaged over this many frames
 DB_PER_NEPER = 10 / math.log(10)  # dB of power per unit of its natural log
-FeatureNorm = Literal["bin", "shared"]  # FeatureConfig.norm: how normalise scales each utterance's features
+FeatureNorm = Literal["bin", "shared", "global"]  # FeatureConfig.norm: how the features are scaled
+GLOBAL_MOMENTUM = 0.01  # norm "global": the running statistics' weight on each training batch once 100 are in
 FeatureKind = Literal["auto", "mel", "linear"]  # FeatureConfig.kind
 
 
@@ -119,17 +124,23 @@ class FeatureConfig:
         kind: "auto" (linear at 8 kHz and below, else mel), or force "mel" / "linear".
         n_mels: mel filters (feature bins) of the log-mel features; unused by linear ones.
         norm: each utterance's features get zero mean per bin, then unit variance per bin ("bin") or one variance
-            over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat).
+            over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat); or "global":
+            every frame is scaled by one mean and variance per bin, running averages over the training batches
+            (GLOBAL_MOMENTUM) kept with the weights and fixed outside training. A frame then needs no other
+            frame, so a stream needs no future audio and no warm-up (running statistics of the stream so far would
+            scale its first second by a few frames' statistics), and silence around speech no longer moves how
+            the speech is scaled; a recording's gain is left to the model (data.augmentation.gain_prob). WeNet's
+            global CMVN is the same idea; streaming models (model.encoder.streaming) need it.
         var_floor: the least variance an utterance's features are divided by, so that silence and steady noise
             stay small instead of being scaled up to look like speech; 0 = none. 4 is under the 8.5-19 of speech
             and over the 0-0.9 of noise and silence (data/mini's dev set).
-        stats_db: > 0: the mean and variance come only from the frames within this many dB of the utterance's loud
+        stats_db: per-utterance norms: > 0: the mean and variance come only from the frames within this many dB of the utterance's loud
             ones (``loud_frames``), so that digital silence around speech does not change how the speech is scaled;
             0 = from every frame. 15 and 30 made WER flat over 0.5-4 s of silence around speech (30: 0.14, against
             0.30-0.63 without), but lost on long files with loud tones between words, and 15 on other voices
             (docs/benchmarks.md, 2026-11-26 night and late morning): off by default; 30 for recordings with long
             silences and no tones.
-        quiet_db: > 0: the frames within this many dB of the utterance's quietest ones (``quiet_frames``: digital
+        quiet_db: per-utterance norms: > 0: the frames within this many dB of the utterance's quietest ones (``quiet_frames``: digital
             silence, dither or a noise floor around and between the words) are left out of the mean and variance;
             0 = none. Unlike ``stats_db`` a loud tone does not move the line. 6 (the demo recipe's) kept WER at
             0.14-0.16 with 0.5-4 s of silence around speech, where counting it gave 0.19-0.63, and did not lose
@@ -159,6 +170,10 @@ class FeatureConfig:
             raise ValueError(f"model.features.stats_db must be >= 0 dB (0 = every frame), got {self.stats_db}")
         if self.quiet_db < 0:
             raise ValueError(f"model.features.quiet_db must be >= 0 dB (0 = every frame), got {self.quiet_db}")
+        if self.norm == "global" and (self.stats_db or self.quiet_db):
+            raise ValueError("model.features.stats_db and quiet_db choose an utterance's frames for its statistics; "
+                             f"with model.features.norm global there are none: set them to 0 (got {self.stats_db:g}, "
+                             f"{self.quiet_db:g})")
 
     @property
     def mel(self) -> bool:
@@ -207,7 +222,8 @@ class FeatureExtractor(nn.Module):
     """(B, n) waveforms and lengths -> (B, T, F) normalised log features and frame lengths.
 
     Always computed in fp32 with autocast off. Each utterance is normalised to zero mean
-    and unit variance per feature bin over its own frames; padded frames are zero.
+    and unit variance per feature bin over its own frames, or (norm "global") every frame by the
+    running statistics ``global_mean`` and ``global_var`` (F,), which training updates; padded frames are zero.
     """
 
     def __init__(self, config: FeatureConfig):
@@ -219,11 +235,29 @@ class FeatureExtractor(nn.Module):
                 self.register_buffer("fbanks", config.mel_fbanks(), persistent=False)  # (bins, mels)
         else:
             self.fbanks = None
+        if config.norm == "global":  # persistent: learned with the weights
+            self.register_buffer("global_mean", torch.zeros(config.n_feats))
+            self.register_buffer("global_var", torch.ones(config.n_feats))
+            self.register_buffer("global_batches", torch.zeros((), dtype=torch.long))
 
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``statistics`` (B, 2): samples [start, end) of each utterance whose frames alone give its normalisation
-        statistics (asr.inference.focus); None: all of them."""
+        statistics (asr.inference.focus); None: all of them. Under norm "global" the statistics are the model's own
+        and ``statistics`` changes nothing."""
+        cfg = self.config
+        with torch.autocast(device_type=audio.device.type, enabled=False):
+            feats = self.log_power(audio, lengths)
+            frame_lengths = num_frames(lengths, cfg.sample_rate)
+            if cfg.norm == "global":
+                return self.global_normalise(feats, frame_lengths), frame_lengths
+            within = None if statistics is None else num_frames(statistics, cfg.sample_rate)
+            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db, cfg.quiet_db,
+                              within)
+            return feats, frame_lengths
+
+    def log_power(self, audio: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B, n) waveforms, (B,) lengths -> (B, T, F) log power features, T = num_frames(n), fp32, not normalised."""
         cfg = self.config
         with torch.autocast(device_type=audio.device.type, enabled=False):
             width = audio.shape[1]
@@ -242,14 +276,45 @@ class FeatureExtractor(nn.Module):
                 # with |X|^2 first the front end took 11-14 ms a 6 x 3 s batch, now 5 (docs/benchmarks.md, 2026-11-27 night)
                 power = torch.view_as_real(spec).square().flatten(2) @ self.fbanks.float().repeat_interleave(2, 0)
             feats = torch.log(power + LOG_FLOOR)
-            frame_lengths = num_frames(lengths, cfg.sample_rate)
-            # (B, T, F): T from the width, the longest utterance's unless padded past it, not from frame_lengths'
+            # (B, T, F): T from the width, the longest utterance's unless padded past it, not from the lengths'
             # values, which the host would wait for the device to read (a sync every step on a GPU)
-            feats = feats[:, : num_frames(width, cfg.sample_rate)]
-            within = None if statistics is None else num_frames(statistics, cfg.sample_rate)
-            feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db, cfg.quiet_db,
-                              within)
-            return feats, frame_lengths
+            return feats[:, : num_frames(width, cfg.sample_rate)]
+
+    def global_normalise(self, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) log power, (B,) frames -> each frame scaled by the running statistics (norm "global"), which a
+        training forward first updates with the batch's frames; padding -> 0. The variance is floored at var_floor."""
+        mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
+        if self.training:
+            self.update_statistics(feats, mask)
+        mean, var = self.global_mean.float(), self.global_var.float()
+        return (feats - mean) / (var.clamp(min=self.config.var_floor) + 1e-5).sqrt() * mask
+
+    @torch.no_grad()
+    def update_statistics(self, feats: torch.Tensor, mask: torch.Tensor) -> None:
+        """Move global_mean and global_var towards the mean and variance per bin of the batch's frames inside
+        their utterances: a plain average over the first 1 / GLOBAL_MOMENTUM batches, then an exponential one.
+        The weight is computed on the device: reading the batch count on the host would wait for it."""
+        count = mask.sum().clamp(min=1)
+        mean = (feats * mask).sum((0, 1)) / count  # (F,)
+        var = ((feats - mean).square() * mask).sum((0, 1)) / count
+        weight = (1.0 / (self.global_batches + 1)).clamp(min=GLOBAL_MOMENTUM)
+        self.global_mean.lerp_(mean.to(self.global_mean.dtype), weight.to(self.global_mean.dtype))
+        self.global_var.lerp_(var.to(self.global_var.dtype), weight.to(self.global_var.dtype))
+        self.global_batches += 1
+
+    def complete_frames(self, audio: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Norm "global" only, for a stream: (B, n) audio -> the normalised features (B, k, F) of the frames whose
+        whole window lies inside it, k = (n - window) // hop + 1 (0 if n < window), and the k * hop samples they
+        used up: the rest begins the next call's audio. The stream's last audio goes through ``forward``, which
+        pads it with zeros as it pads a whole file, so the frames of a stream are those of its whole audio."""
+        cfg = self.config
+        if cfg.norm != "global":
+            raise ValueError(f"model.features.norm {cfg.norm} scales each frame by statistics of the whole utterance; "
+                             "a stream needs model.features.norm global")
+        k = max(0, (audio.shape[1] - cfg.win_length) // cfg.hop_length + 1)
+        lengths = torch.full((audio.shape[0],), audio.shape[1], device=audio.device)
+        feats = self.log_power(audio, lengths)[:, :k]
+        return self.global_normalise(feats, torch.full_like(lengths, k)), k * cfg.hop_length
 
 
 def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0,

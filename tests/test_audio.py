@@ -105,8 +105,8 @@ def test_unknown_feature_kind_or_no_mel_filter_is_refused():
         FeatureConfig(16000, "mfcc")
     with pytest.raises(ValueError, match="n_mels must be >= 1, got 0"):
         FeatureConfig(16000, "mel", n_mels=0)
-    with pytest.raises(ValueError, match="'global'"):
-        FeatureConfig(16000, norm="global")
+    with pytest.raises(ValueError, match="'cmvn'"):
+        FeatureConfig(16000, norm="cmvn")
 
 
 @pytest.mark.parametrize("sample_rate", [8000, 16000])

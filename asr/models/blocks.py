@@ -22,6 +22,7 @@ varlen_attn over the padded batch without a mask, global or windowed, which a ma
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -96,12 +97,19 @@ def local_blocks(x: torch.Tensor, blocks: int, span: int) -> torch.Tensor:
     return x.permute(0, 2, 1, 4, 3).reshape(b * blocks, h, span, dh)
 
 
-def rotate(x: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary positions of (B, H, T', dh) queries or keys: channel pair (i, i + dh/2) of frame t turns by
-    t * ROTARY_BASE^(-2i/dh) radians, so q_t . k_s depends on t - s only."""
+    t * ROTARY_BASE^(-2i/dh) radians, so q_t . k_s depends on t - s only.
+
+    ``positions`` (B, T'): each frame's index t, for a stream's frames (asr.models.streaming), whose t grows past
+    what float32 angles hold exactly (ulp 0.008 rad at an hour of 40 ms frames): the angles are then taken in
+    float64, modulo 2 pi. None: t = 0 .. T' - 1 in float32 (the offline blocks')."""
     t, half = x.shape[-2], x.shape[-1] // 2
     inv = ROTARY_BASE ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv  # (T', dh/2)
+    if positions is None:
+        angles = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv  # (T', dh/2)
+    else:
+        angles = (positions.double()[:, None, :, None] * inv.double()).remainder(2 * math.pi)  # (B, 1, T', dh/2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
@@ -301,8 +309,15 @@ class ConvModule(nn.Module):
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """x (B, T', d), keep (B, T', 1) -> (B, T', d)."""
-        y = F.glu(self.pointwise_in(self.norm(x)), dim=-1) * keep  # (B, T', d), zero on padding
-        y = self.depthwise(y.transpose(1, 2)).transpose(1, 2)  # (B, T', d)
+        y = self.depthwise(self.gate(x, keep).transpose(1, 2)).transpose(1, 2)  # (B, T', d)
+        return self.finish(y, keep)
+
+    def gate(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """What the depthwise convolution reads: LN, pointwise in and GLU of x (B, T', d), zero on padding."""
+        return F.glu(self.pointwise_in(self.norm(x)), dim=-1) * keep
+
+    def finish(self, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The depthwise convolution's output (B, T', d) -> norm, SiLU, pointwise out, dropout."""
         y = self.conv_norm(y, keep) if isinstance(self.conv_norm, MaskedBatchNorm) else self.conv_norm(y)
         return dropout(self.pointwise_out(F.silu(y)), self.p, self.training)
 

@@ -29,6 +29,18 @@ class EncoderConfig:
             "conformer"), or another encoder's key in asr.models.encoder.ENCODERS.
         conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
         conv_norm: conformer only: norm after the depthwise convolution, "layer" or "batch" (padding-masked).
+        streaming: a streaming encoder (asr.models.streaming; conformer blocks, attention_window 0, and
+            model.features.norm global): attention over chunks of encoder frames with left_context frames before
+            each chunk, causal depthwise convolutions and subsampling, so that a frame sees no audio past the end of
+            its chunk; trained with a chunk size drawn per batch (WeNet's dynamic chunk training).
+        chunk_frames: streaming only: encoder frames per chunk when not training (the latency transcription runs
+            at unless told otherwise; 4 at the demo's 80 ms frames = 320 ms); 0 = full context.
+        left_context: streaming only: encoder frames before its chunk each attention layer sees (the cache each
+            layer carries between chunks).
+        max_chunk_frames: streaming only: training draws each batch's chunk uniformly from 1..max_chunk_frames
+            frames, or full context (below).
+        full_context_prob: streaming only: the share of training batches run in full context (every frame sees
+            every frame), so that one model also transcribes whole files; WeNet U2's is about 0.5.
     """
 
     d_model: int = 144
@@ -44,8 +56,20 @@ class EncoderConfig:
     block: str = "transformer"
     conv_kernel: int = 31
     conv_norm: Literal["layer", "batch"] = "layer"
+    streaming: bool = False
+    chunk_frames: int = 4
+    left_context: int = 32
+    max_chunk_frames: int = 16
+    full_context_prob: float = 0.5
 
     def __post_init__(self):
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.encoder.{name} must be in [0, 1), got {getattr(self, name):g}")
+        for name in ("chunk_frames", "left_context"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.encoder.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_chunk_frames < 1:
+            raise ValueError(f"model.encoder.max_chunk_frames must be >= 1, got {self.max_chunk_frames}")
+        if not 0.0 <= self.full_context_prob <= 1.0:
+            raise ValueError(f"model.encoder.full_context_prob must be in [0, 1], got {self.full_context_prob:g}")

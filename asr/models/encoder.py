@@ -1,5 +1,6 @@
 """The encoder seam: features in, encoder states out. ``Encoder`` is the contract every encoder keeps;
-``BlockEncoder`` (Conv2d subsampling, then Transformer or Conformer blocks) is today's one implementation.
+``BlockEncoder`` (Conv2d subsampling, then Transformer or Conformer blocks) and ``StreamingEncoder``
+(asr.models.streaming: chunked attention, causal convolutions, caches carried between chunks) keep it.
 
     feats (B, T, F), frames (B,) ──Encoder──> states (B, T', d_model), lengths (B,)
 
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from asr.models.blocks import attention_mask, block_type, make_block
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import Conv2dSubsampling, subsampled_lengths
+from asr.models.streaming import StreamingEncoder
 
 
 class Encoder(Protocol):
@@ -123,7 +125,10 @@ ENCODERS: dict[str, str] = {}
 
 
 def build_encoder(cfg: EncoderConfig, n_feats: int, checkpoint_every: int = 0) -> Encoder:
-    """The encoder ``cfg`` describes, for ``n_feats`` feature bins: the one place an encoder is chosen."""
+    """The encoder ``cfg`` describes, for ``n_feats`` feature bins: the one place an encoder is chosen
+    (model.encoder.streaming: asr.models.streaming.StreamingEncoder)."""
+    if cfg.streaming:
+        return StreamingEncoder(cfg, n_feats, checkpoint_every)
     if cfg.block in ENCODERS:
         module, name = ENCODERS[cfg.block].split(":")
         return getattr(importlib.import_module(module), name)(cfg, n_feats, checkpoint_every)

@@ -1,0 +1,323 @@
+"""The streaming encoder (``--model.encoder.streaming true``): a Conformer that sees no audio past the end of its chunk,
+run over a whole file or chunk by chunk with its caches carried between chunks.
+
+    whole file:  feats (B, T, F), frames (B,) ──StreamingEncoder──> states (B, T', d), lengths (B,)      T' = T // f
+    a stream:    feats (B, C f, F), EncoderState ──StreamingEncoder.step──> states (B, C, d), EncoderState
+
+T counts feature frames (10 ms), T' encoder frames (f = model.encoder.subsampling feature frames each), C the chunk
+in encoder frames. What each part sees:
+- attention (``chunk_mask``): encoder frame t is in chunk t // C; in every layer it sees the frames of its own chunk
+  and the ``left_context`` frames before the chunk's first, nothing after the chunk's last. C = 0 is full context.
+- convolutions (``CausalConvModule``): each depthwise convolution sees its frame and the kernel - 1 before it.
+- subsampling (``CausalSubsampling``): f - 1 zero feature frames in front, so encoder frame j reads feature frames
+  f j - f + 1 .. f j + f - 1: its own f and the f - 1 before them; a chunk needs no feature frame after it.
+- features: model.features.norm global (asr.audio): each frame is scaled alone.
+So a stream's algorithmic latency is the chunk, C f x 10 ms, plus what a feature window reaches past its hop
+(15 ms for 25 ms windows, 10 ms for 20 ms ones): ``algorithmic_latency``.
+
+Caches (``EncoderState``) are explicit tensors of fixed size, so memory does not grow with the stream and the step
+can be traced: the last f - 1 feature frames (B, f - 1, F); each attention layer's rotated keys and values of the
+``left_context`` frames before the next chunk (layers, B, H, left_context, d / H); each depthwise convolution's
+input of the kernel - 1 frames before it (layers, B, kernel - 1, d); and the encoder frames so far (B,), which
+rotary positions and the mask of the cache's empty slots read. Running consecutive chunks through ``step`` gives
+the states of the whole-file forward with the same C (to float rounding): tests/models/test_streaming.py.
+
+Training draws each batch's C (``training_chunk``): full context with probability full_context_prob, else uniform
+in 1 .. max_chunk_frames (WeNet U2's dynamic chunk training, Zhang et al. 2021), so one model serves several
+latencies and whole files. Outside training the encoder runs at ``chunk`` (model.encoder.chunk_frames unless set).
+
+``start`` and ``advance`` run a network (features, encoder, head) over a stream of audio pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from asr.audio import HOP_SECONDS
+from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate
+from asr.models.config import EncoderConfig
+from asr.models.subsampling import Conv2dSubsampling
+
+
+class EncoderState(NamedTuple):
+    """What StreamingEncoder.step carries from one chunk to the next (module docstring)."""
+
+    features: torch.Tensor  # (B, f - 1, F) the last feature frames read
+    keys: torch.Tensor  # (layers, B, H, left_context, d / H) rotated keys of the frames before the next chunk
+    values: torch.Tensor  # (layers, B, H, left_context, d / H)
+    conv: torch.Tensor  # (layers, B, kernel - 1, d) the depthwise convolutions' inputs before the next chunk
+    position: torch.Tensor  # (B,) int64 encoder frames so far: the index of the next chunk's first
+
+
+def chunk_mask(lengths: torch.Tensor, frames: int, chunk: int, left: int) -> torch.Tensor:
+    """True where query frame t may attend to key frame s: s inside the utterance (``lengths`` (B,) encoder frames)
+    and, ``chunk`` C > 0, in [c C - left, c C + C) for t's chunk c = t // C: (B, 1, T', T'); C = 0 (full context):
+    a key-padding mask (B, 1, 1, T'). Each frame sees itself, so a padded query has a key (no NaN from SDPA)."""
+    positions = torch.arange(frames, device=lengths.device)
+    inside = positions[None, :] < lengths[:, None]  # (B, T')
+    if chunk == 0:
+        return inside[:, None, None, :]
+    first = positions // chunk * chunk  # (T',) each query's chunk start
+    seen = (positions[None, :] < first[:, None] + chunk) & (positions[None, :] >= first[:, None] - left)  # (T', T')
+    return ((seen[None] & inside[:, None, :]) | torch.eye(frames, dtype=torch.bool, device=lengths.device))[:, None]
+
+
+def cache_mask(position: torch.Tensor, left: int, new: int) -> torch.Tensor:
+    """(B, 1, 1, left + new): which keys a chunk of ``new`` frames after ``position`` (B,) frames sees: the cache's
+    slots that hold a frame (slot j holds frame position - left + j; none before the stream's start) and its own."""
+    slots = torch.arange(left, device=position.device)
+    held = position[:, None] - left + slots[None, :] >= 0  # (B, left)
+    return torch.cat([held, held.new_ones(len(position), new)], dim=1)[:, None, None, :]
+
+
+class CausalSubsampling(Conv2dSubsampling):
+    """Conv2dSubsampling with f - 1 zero feature frames in front: (B, T, F) -> (B, T // f, d), encoder frame j reading
+    feature frames f j - f + 1 .. f j + f - 1 (each stride-2 3x3 convolution maps L -> (L - 1) // 2, and
+    T + f - 1 frames give T // f for f = 4 and 8). A stream puts the previous chunk's last f - 1 frames there."""
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.read(F.pad(x, (0, 0, self.factor - 1, 0)), lengths)
+
+    def read(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, f - 1 + T, F) with its f - 1 frames of history in front, lengths (B,) T -> (B, T // f, d), (B,)."""
+        return super().forward(x, lengths + self.factor - 1)
+
+    def flops(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().flops(frames + self.factor - 1)
+
+
+class CausalConvModule(ConvModule):
+    """ConvModule whose depthwise convolution sees its frame and the kernel - 1 frames before it, no later one."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__(cfg)
+        self.history = cfg.conv_kernel - 1
+        self.depthwise = nn.Conv1d(cfg.d_model, cfg.d_model, cfg.conv_kernel, groups=cfg.d_model)  # no padding
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return self.step(x, keep)[0]
+
+    def step(self, x: torch.Tensor, keep: torch.Tensor, history: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T', d), keep (B, T', 1), the gated inputs of the kernel - 1 frames before x (B, kernel - 1, d; None:
+        zeros, a stream's start) -> (B, T', d) and the gated inputs of x's last kernel - 1 frames (the next history)."""
+        y = self.gate(x, keep)  # (B, T', d)
+        past = y.new_zeros(y.shape[0], self.history, y.shape[2]) if history is None else history.to(y.dtype)
+        y = torch.cat([past, y], dim=1)  # (B, kernel - 1 + T', d)
+        out = self.finish(self.depthwise(y.transpose(1, 2)).transpose(1, 2), keep)
+        return out, y[:, y.shape[1] - self.history:]
+
+
+class StreamingConformerBlock(ConformerBlock):
+    """ConformerBlock (same weights and names) with chunked attention at given positions and a causal convolution;
+    ``step`` also takes and gives its caches: (keys, values) (B, H, left_context, d / H) and the convolution's history."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__(cfg)
+        self.conv = CausalConvModule(cfg)
+        self.left = cfg.left_context
+        self.keys_seen = cfg.chunk_frames + cfg.left_context  # for flops: the keys a query sees at the default chunk
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, T', d); mask of chunk_mask; keep (B, T', 1); positions (B, T') frame indices -> (B, T', d)."""
+        return self.step(x, mask, keep, positions)[0]
+
+    def step(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor,
+             cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """As forward, after the frames ``cache`` holds (None: nothing before x); the mask covers the cached keys
+        first, then x's. Returns the output and the cache for the frames after x."""
+        keys, values, history = cache if cache is not None else (None, None, None)
+        x = x + 0.5 * self.ff_first(x)
+        y, keys, values = self.attend(self.attn_norm(x), mask, positions, keys, values)
+        x = x + dropout(y, self.dropout, self.training)
+        y, history = self.conv.step(x, keep, history)
+        x = x + y
+        x = x + 0.5 * self.ff_last(x)
+        return self.norm(x), (keys[:, :, keys.shape[2] - self.left:], values[:, :, values.shape[2] - self.left:], history)
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor | None,
+               values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention of normed x (B, T', d) at ``positions`` (B, T'), after cached rotated ``keys`` and
+        ``values`` (B, H, L, d / H) -> (B, T', d), and the keys and values of the cache and x (B, H, L + T', d / H).
+        On CPU in fp32 whatever the precision, as asr.models.blocks.attention."""
+        b, t, d = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)  # (3, B, H, T', d/H)
+        cpu = qkv.device.type == "cpu"
+        with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+            q, k, v = qkv.float() if cpu else qkv
+            q, k = rotate(q, positions), rotate(k, positions)
+            if keys is not None:
+                k, v = torch.cat([keys.to(k.dtype), k], dim=2), torch.cat([values.to(v.dtype), v], dim=2)
+            p = self.attention_dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T', d/H)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d).to(qkv.dtype)), k, v
+
+    def flops(self, frames: torch.Tensor) -> torch.Tensor:
+        """ConformerBlock's, with each query seeing at most chunk_frames + left_context keys."""
+        d, keys = self.proj.in_features, frames.clamp(max=self.keys_seen)
+        return super().flops(frames) - 2 * 2 * frames * frames * d + 2 * 2 * frames * keys * d
+
+
+class StreamingEncoder(nn.Module):
+    """CausalSubsampling, then ``cfg.n_layers`` StreamingConformerBlocks over chunks (module docstring). Keeps the
+    Encoder protocol of asr.models.encoder; its weights have BlockEncoder's names. ``chunk``: encoder frames per
+    chunk outside training (model.encoder.chunk_frames; 0 = full context), which a caller may set."""
+
+    def __init__(self, cfg: EncoderConfig, n_feats: int, checkpoint_every: int = 0):
+        super().__init__()
+        if cfg.block != "conformer":
+            raise ValueError(f"model.encoder.streaming needs model.encoder.block conformer (relative positions that "
+                             f"hold over a stream of any length), got {cfg.block!r}")
+        if cfg.attention_window:
+            raise ValueError(f"model.encoder.streaming attends over chunks (model.encoder.chunk_frames, left_context):"
+                             f" set model.encoder.attention_window 0, got {cfg.attention_window}")
+        if checkpoint_every < 0:
+            raise ValueError(f"model.checkpoint_every must be >= 0 (0 = off), got {checkpoint_every}")
+        self.cfg, self.checkpoint_every = cfg, checkpoint_every
+        self.d_model, self.factor, self.chunk = cfg.d_model, cfg.subsampling, cfg.chunk_frames
+        self.subsampling = CausalSubsampling(n_feats, cfg.d_model, cfg.subsampling, cfg.conv_channels,
+                                             cfg.subsampling_conv == "separable")
+        self.blocks = nn.ModuleList(StreamingConformerBlock(cfg) for _ in range(cfg.n_layers))
+
+    def forward(self, feats: torch.Tensor, frames: torch.Tensor, middle: bool = False) -> tuple[torch.Tensor, ...]:
+        """The Encoder contract, each frame seeing its chunk (``training_chunk`` in training, else ``chunk``)."""
+        if middle and self.middle_block < 0:
+            raise ValueError(f"intermediate CTC needs at least 2 blocks, this model has {len(self.blocks)}")
+        recompute = self.training and self.checkpoint_every
+        if recompute:
+            x, lengths = checkpoint(self.subsampling, feats, frames, use_reentrant=False)  # (B, T', d)
+        else:
+            x, lengths = self.subsampling(feats, frames)  # (B, T', d)
+        b, t = x.shape[:2]
+        mask = chunk_mask(lengths, t, self.training_chunk() if self.training else self.chunk, self.cfg.left_context)
+        keep = (torch.arange(t, device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
+        positions = torch.arange(t, device=x.device).expand(b, t)
+        middle_states = None
+        for i, block in enumerate(self.blocks):
+            if recompute and i % self.checkpoint_every == 0:
+                x = checkpoint(block, x, mask, keep, positions, use_reentrant=False)
+            else:
+                x = block(x, mask, keep, positions)
+            if middle and i == self.middle_block:
+                middle_states = x
+        return (x, lengths, middle_states) if middle else (x, lengths)
+
+    def training_chunk(self) -> int:
+        """This batch's chunk: 0 (full context) with probability full_context_prob, else uniform in 1 ..
+        max_chunk_frames. Drawn from torch's CPU generator (seeded by seed_everything): no wait for a device."""
+        if float(torch.rand(())) < self.cfg.full_context_prob:
+            return 0
+        return int(torch.randint(1, self.cfg.max_chunk_frames + 1, ()))
+
+    def initial_state(self, batch: int = 1, device: torch.device | str = "cpu") -> EncoderState:
+        """The caches before a stream's first chunk: zeros (what the whole-file forward pads with), position 0."""
+        cfg, layers = self.cfg, len(self.blocks)
+        heads = (layers, batch, cfg.n_heads, cfg.left_context, cfg.d_model // cfg.n_heads)
+        return EncoderState(torch.zeros(batch, self.factor - 1, self.subsampling.n_feats, device=device),
+                            torch.zeros(heads, device=device), torch.zeros(heads, device=device),
+                            torch.zeros(layers, batch, cfg.conv_kernel - 1, cfg.d_model, device=device),
+                            torch.zeros(batch, dtype=torch.long, device=device))
+
+    def step(self, feats: torch.Tensor, state: EncoderState) -> tuple[torch.Tensor, EncoderState]:
+        """The next chunk: feats (B, C f, F) -> states (B, C, d) and the caches after it. Every frame of the chunk
+        sees the whole chunk, as in the whole-file forward with chunk C; a stream's last chunk may be shorter."""
+        if feats.shape[1] % self.factor:
+            raise ValueError(f"a chunk must be whole encoder frames of {self.factor} feature frames, got {feats.shape[1]}")
+        b, new = feats.shape[0], feats.shape[1] // self.factor
+        history = torch.cat([state.features.to(feats.dtype), feats], dim=1)  # (B, f - 1 + C f, F)
+        x, _ = self.subsampling.read(history, torch.full((b,), feats.shape[1], device=feats.device))  # (B, C, d)
+        positions = state.position[:, None] + torch.arange(new, device=feats.device)  # (B, C)
+        mask = cache_mask(state.position, self.cfg.left_context, new)
+        keep = x.new_ones(b, new, 1)
+        keys, values, conv = [], [], []
+        for i, block in enumerate(self.blocks):
+            x, (k, v, c) = block.step(x, mask, keep, positions, (state.keys[i], state.values[i], state.conv[i]))
+            keys.append(k), values.append(v), conv.append(c)
+        return x, EncoderState(history[:, history.shape[1] - (self.factor - 1):], torch.stack(keys),
+                               torch.stack(values), torch.stack(conv), state.position + new)
+
+    @property
+    def middle_block(self) -> int:
+        """The block whose output intermediate CTC reads: the last of the first half (-1: fewer than 2 blocks)."""
+        return len(self.blocks) // 2 - 1
+
+    def output_lengths(self, frames: torch.Tensor | int) -> torch.Tensor | int:
+        return frames // self.factor
+
+    def flops(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flops, t = self.subsampling.flops(frames)
+        for block in self.blocks:
+            flops = flops + block.flops(t)
+        return flops, t
+
+    def units(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+
+def algorithmic_latency(encoder: StreamingEncoder, chunk: int, window_seconds: float) -> float:
+    """Seconds from a sample's arrival until every frame it is in can be computed, at worst: the chunk's audio
+    (``chunk`` encoder frames) plus what a feature window of ``window_seconds`` reaches past its hop."""
+    return chunk * encoder.factor * HOP_SECONDS + window_seconds - HOP_SECONDS
+
+
+class StreamState(NamedTuple):
+    """What ``advance`` carries between audio pieces: the front end's leftovers and the encoder's caches."""
+
+    audio: torch.Tensor  # (B, s) samples after the last complete feature window's hop (s < the window)
+    feats: torch.Tensor  # (B, m, F) feature frames waiting for a whole chunk
+    encoder: EncoderState
+
+
+def streams(network: nn.Module) -> bool:
+    """Whether ``network`` (CTCModel, or another objective's network) runs on a stream: a StreamingEncoder after a
+    front end that scales each frame alone (model.features.norm global)."""
+    return isinstance(network.encoder, StreamingEncoder) and network.features.config.norm == "global"
+
+
+def start(network: nn.Module, batch: int = 1, device: torch.device | str = "cpu") -> StreamState:
+    """The state of ``batch`` streams before their first audio."""
+    n_feats = network.encoder.subsampling.n_feats
+    return StreamState(torch.zeros(batch, 0, device=device), torch.zeros(batch, 0, n_feats, device=device),
+                       network.encoder.initial_state(batch, device))
+
+
+def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: int, final: bool = False
+            ) -> tuple[torch.Tensor, StreamState]:
+    """The next audio (B, n) of ``batch`` streams at the network's rate -> the frames (B, T', *) of every chunk of
+    ``chunk`` encoder frames it completes (``network_frames``; none until a chunk is complete), and the state after
+    it. ``final``: the stream ends with this audio; the rest is run as a last, shorter chunk (whole encoder frames)
+    with the zeros a whole file is padded with. Over a stream the frames are those of the network's whole-file
+    forward with encoder.chunk = ``chunk`` (to float rounding)."""
+    if chunk < 1:
+        raise ValueError(f"a stream runs in chunks of at least 1 encoder frame, got {chunk}")
+    encoder, f = network.encoder, network.encoder.factor
+    audio = torch.cat([state.audio, audio.to(state.audio)], dim=1)
+    if final:
+        feats, _ = network.features(audio, torch.full((audio.shape[0],), audio.shape[1], device=audio.device))
+        audio = audio[:, audio.shape[1]:]
+    else:
+        feats, used = network.features.complete_frames(audio)
+        audio = audio[:, used:]
+    feats = torch.cat([state.feats, feats], dim=1)
+    dtype, outputs, caches = next(encoder.parameters()).dtype, [], state.encoder
+    while feats.shape[1] >= chunk * f or (final and feats.shape[1] >= f):
+        take = min(chunk * f, feats.shape[1] // f * f)
+        states, caches = encoder.step(feats[:, :take].to(dtype), caches)
+        outputs.append(network_frames(network, states))
+        feats = feats[:, take:]
+    if not outputs:
+        outputs.append(network_frames(network, feats.new_zeros(feats.shape[0], 0, encoder.d_model).to(dtype)))
+    return torch.cat(outputs, dim=1), StreamState(audio, feats[:, : 0 if final else feats.shape[1]], caches)
+
+
+def network_frames(network: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """Encoder states (B, T', d) -> the network's frames, what its objective decodes: CTCModel.log_probs (a
+    transducer's network names its projection of encoder states into the joiner's space the same)."""
+    return network.log_probs(states)

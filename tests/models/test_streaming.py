@@ -1,0 +1,168 @@
+"""asr.models.streaming: a streaming encoder's chunks see no further than they say, a stream in pieces gives the
+frames of the whole file, its caches keep their size, and training draws its chunk per batch; global feature
+normalisation (asr.audio, norm "global") learns in training and scales each frame alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr.audio import FeatureConfig, FeatureExtractor
+from asr.models import streaming
+from asr.models.ctc import CTCModel
+from asr.models.encoder import build_encoder
+from tests.conftest import encoder, save_checkpoint
+
+
+def streaming_model(subsampling: int = 4, chunk: int = 3, left: int = 5, seed: int = 0, **overrides) -> CTCModel:
+    """A tiny streaming Conformer-CTC (d_model 32, 2 blocks, kernel 5) with global normalisation, in eval mode."""
+    torch.manual_seed(seed)
+    settings = {"ff_mult": 2, "dropout": 0.0, "subsampling": subsampling, "block": "conformer", "conv_kernel": 5,
+                "streaming": True, "chunk_frames": chunk, "left_context": left}
+    cfg = encoder(**settings | overrides)
+    return CTCModel(FeatureConfig(16000, norm="global", var_floor=0.0), cfg, 12).eval()
+
+
+def noise(seconds: float, seed: int = 0) -> torch.Tensor:
+    return torch.randn(1, int(seconds * 16000), generator=torch.Generator().manual_seed(seed)) * 0.1
+
+
+def streamed(model: CTCModel, audio: torch.Tensor, chunk: int, seed: int = 1, most: int = 3000):
+    """The frames of ``audio`` (1, n) fed in pieces of 1..most samples, and the state after the last."""
+    generator, state, outputs, at = torch.Generator().manual_seed(seed), streaming.start(model), [], 0
+    while at < audio.shape[1]:
+        size = int(torch.randint(1, most, (), generator=generator))
+        frames, state = streaming.advance(model, audio[:, at: at + size], state, chunk)
+        outputs.append(frames)
+        at += size
+    frames, state = streaming.advance(model, audio[:, :0], state, chunk, final=True)
+    return torch.cat([*outputs, frames], dim=1), state
+
+
+@pytest.mark.parametrize("subsampling, chunk", [(4, 1), (4, 3), (8, 2)])
+@torch.inference_mode()
+def test_a_stream_in_pieces_gives_the_frames_of_the_whole_file(subsampling, chunk):
+    model = streaming_model(subsampling)
+    model.encoder.chunk = chunk
+    audio = noise(2.1)
+    whole, lengths = model(audio, torch.tensor([audio.shape[1]]))
+    frames, _ = streamed(model, audio, chunk)
+    assert frames.shape == whole.shape and int(lengths) == audio.shape[1] // 160 // subsampling
+    torch.testing.assert_close(frames, whole, atol=1e-5, rtol=1e-5)
+    assert torch.equal(frames.argmax(-1), whole.argmax(-1))
+
+
+@torch.inference_mode()
+def test_a_frame_sees_no_audio_past_its_chunk_and_the_feature_window():
+    """Changing audio from the first sample past chunk 1's last feature window leaves chunks 0 and 1 as they were;
+    one sample earlier changes chunk 1: the look-ahead is exactly what algorithmic_latency states."""
+    model, chunk, f = streaming_model(4, chunk=3), 3, 4
+    audio = noise(2.0)
+    boundary = (2 * chunk * f - 1) * 160 + 400  # past the last sample of chunk 1's last 25 ms window
+    assert streaming.algorithmic_latency(model.encoder, chunk, 0.025) == pytest.approx(chunk * f * 0.01 + 0.015)
+    lengths = torch.tensor([audio.shape[1]])
+    base = model(audio, lengths)[0]
+    later, earlier = audio.clone(), audio.clone()
+    later[:, boundary:] += 0.5
+    earlier[:, boundary - 1:] += 0.5
+    assert torch.equal(model(later, lengths)[0][:, : 2 * chunk], base[:, : 2 * chunk])
+    assert not torch.equal(model(earlier, lengths)[0][:, chunk: 2 * chunk], base[:, chunk: 2 * chunk])
+    model.encoder.chunk = 0  # full context: the first frame hears the end
+    assert not torch.allclose(model(later, lengths)[0][:, 0], model(audio, lengths)[0][:, 0])
+
+
+@torch.inference_mode()
+def test_left_context_bounds_what_a_chunk_sees_of_the_past():
+    """With left_context frames of attention and causal convolutions, a chunk still hears the past through the
+    layers, but a model with 0 frames of left context and kernel 1 hears only its own chunk."""
+    model = streaming_model(4, chunk=2, left=0, conv_kernel=1)
+    audio = noise(1.5)
+    lengths = torch.tensor([audio.shape[1]])
+    changed = audio.clone()
+    changed[:, : 8 * 160] += 0.5  # the first 8 feature frames: encoder frames 0 and 1 (chunk 0) and frame 2's front
+    a, b = model(audio, lengths)[0], model(changed, lengths)[0]
+    assert torch.equal(a[:, 4:], b[:, 4:]) and not torch.allclose(a[:, :2], b[:, :2])
+
+
+@torch.inference_mode()
+def test_the_caches_keep_their_size_however_long_the_stream():
+    model = streaming_model(8, chunk=2, left=4)
+    _, short = streamed(model, noise(0.5), 2)
+    _, long = streamed(model, noise(6.0, seed=3), 2, most=16000)
+    first = streaming.start(model)
+    for name in ("features", "keys", "values", "conv"):
+        shape = getattr(first.encoder, name).shape
+        assert getattr(short.encoder, name).shape == getattr(long.encoder, name).shape == shape, name
+    assert first.encoder.keys.shape == (2, 1, 4, 4, 8)  # layers, B, H, left_context, d / H
+    assert long.audio.shape[1] < 400 and long.feats.shape[1] == 0  # the front end's leftovers: under one window
+    assert int(long.encoder.position) == 6 * 16000 // 160 // 8
+
+
+@torch.inference_mode()
+def test_padding_does_not_change_an_utterance():
+    model = streaming_model(4)
+    audio = torch.cat([noise(1.3), torch.zeros(1, 8000)], dim=1)
+    alone = model(audio[:, :20800], torch.tensor([20800]))[0]
+    batch = model(torch.cat([audio, noise(1.8, seed=2)]), torch.tensor([20800, 28800]))[0]
+    torch.testing.assert_close(batch[0, : alone.shape[1]], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_training_draws_each_batchs_chunk_full_context_some_of_the_time():
+    enc = build_encoder(encoder(block="conformer", streaming=True, max_chunk_frames=4, full_context_prob=0.3), 80)
+    torch.manual_seed(0)
+    drawn = [enc.training_chunk() for _ in range(400)]
+    assert set(drawn) == {0, 1, 2, 3, 4} and 0.2 < drawn.count(0) / 400 < 0.4
+    torch.manual_seed(0)
+    assert [enc.training_chunk() for _ in range(400)] == drawn  # seeded by the run's seed
+
+
+def test_training_runs_a_padded_batch_at_a_drawn_chunk_and_keeps_gradients_finite():
+    model = streaming_model(4, dropout=0.1, attention_dropout=0.1).train()
+    audio = torch.cat([noise(1.0), noise(1.0, seed=1)])
+    log_probs, lengths = model(audio, torch.tensor([16000, 12000]))
+    log_probs[0, : int(lengths[0])].sum().backward()
+    assert all(p.grad is None or p.grad.isfinite().all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("overrides, flag", [({"block": "transformer"}, "model.encoder.block conformer"),
+                                             ({"block": "conformer", "attention_window": 2}, "attention_window 0")])
+def test_a_streaming_encoder_refuses_what_cannot_stream(overrides, flag):
+    with pytest.raises(ValueError, match=flag):
+        build_encoder(encoder(streaming=True, **overrides), 80)
+
+
+def test_global_normalisation_learns_in_training_and_holds_outside_it():
+    extractor = FeatureExtractor(FeatureConfig(16000, norm="global", var_floor=0.0))
+    audio = torch.cat([noise(1.0), torch.zeros(1, 16000)])
+    audio[1, :8000] = noise(0.5, seed=4)
+    lengths = torch.tensor([16000, 8000])
+    power = extractor.log_power(audio, lengths)
+    inside = torch.cat([power[0, :100], power[1, :50]])  # the frames inside the utterances
+    extractor.train()(audio, lengths)
+    torch.testing.assert_close(extractor.global_mean, inside.mean(0))  # the first batch: its own statistics
+    torch.testing.assert_close(extractor.global_var, inside.var(0, unbiased=False), atol=1e-4, rtol=1e-4)
+    extractor.eval()
+    feats, frames = extractor(audio, lengths)
+    torch.testing.assert_close(extractor.global_mean, inside.mean(0))  # outside training they stay
+    assert torch.equal(frames, torch.tensor([100, 50])) and not feats[1, 50:].any()
+    alone, _ = extractor(audio[1:, :8000], lengths[1:])
+    torch.testing.assert_close(alone[0], feats[1, :50])  # each frame alone: no statistics of its utterance
+
+
+def test_global_normalisation_refuses_per_utterance_settings():
+    with pytest.raises(ValueError, match="quiet_db"):
+        FeatureConfig(norm="global", quiet_db=6.0)
+    with pytest.raises(ValueError, match="norm global"):
+        FeatureExtractor(FeatureConfig(norm="bin")).complete_frames(noise(1.0))
+
+
+def test_a_streaming_checkpoint_keeps_its_settings_and_statistics(tmp_path, char_tokenizer):
+    from asr.train.module import ASRModule
+
+    torch.manual_seed(0)
+    cfg = encoder(block="conformer", conv_kernel=5, streaming=True, chunk_frames=2, left_context=6)
+    module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, features=FeatureConfig(norm="global"))
+    module.model.features.global_mean.fill_(-3.0)
+    loaded = ASRModule.from_checkpoint(save_checkpoint(module, tmp_path / "s.ckpt"))
+    assert loaded.model.encoder.chunk == 2 and loaded.model.encoder.cfg.left_context == 6
+    assert streaming.streams(loaded.model) and float(loaded.model.features.global_mean[0]) == -3.0

@@ -20,6 +20,7 @@ GPU-hours. The MFU is an assumption until a run on that GPU logs its ``cost/mfu`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -64,6 +65,16 @@ def recipe_for(hours: float) -> Path:
     return CONFIGS / "recipes" / RECIPES[size]
 
 
+@functools.lru_cache(maxsize=None)
+def preset_cost(recipe: Path, preset: str) -> tuple[int, float]:
+    """(parameters, forward FLOPs per audio-second in UTTERANCE_SECONDS utterances) of ``preset`` on ``recipe``,
+    counted from its shapes on the meta device."""
+    model = model_of(recipe, CONFIGS / "model" / f"{preset}.yaml")
+    samples = round(UTTERANCE_SECONDS * model.sample_rate)
+    per_second = model.forward_flops(torch.tensor([samples])).item() / UTTERANCE_SECONDS
+    return sum(p.numel() for p in model.parameters()), per_second
+
+
 def epochs_needed(params: float, hours: float, study: dict | None, study_batch_seconds: float) -> float:
     """Passes over ``hours`` of audio a model of ``params`` needs: the study's steps x its batch, or the literature's."""
     if not study or study.get("a") is None:
@@ -81,10 +92,7 @@ def plan(budget_hours: float, hours: float, gpu: str, gpus: int, mfu: float, stu
     recipe = recipe_for(hours)
     rows = []
     for name in presets:
-        model = model_of(recipe, CONFIGS / "model" / f"{name}.yaml")
-        params = sum(p.numel() for p in model.parameters())
-        samples = round(UTTERANCE_SECONDS * model.sample_rate)
-        per_second = model.forward_flops(torch.tensor([samples])).item() / UTTERANCE_SECONDS
+        params, per_second = preset_cost(recipe, name)
         epochs = epochs_needed(params, hours, study, study_batch_seconds)
         gpu_hours = epochs * hours * TRAIN_FLOPS_PER_FORWARD * per_second / (peak * mfu)
         rows.append({"preset": name, "parameters": params, "gflop_per_audio_second": per_second / 1e9,

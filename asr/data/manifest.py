@@ -200,10 +200,12 @@ def _naming(audio: Path, source: str, reason: str) -> str:
 
 
 def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_line: str, max_share: float = 0.0,
-           listing: Path | None = None) -> None:
+           listing: Path | None = None, settings: str = "data.") -> None:
     """Bad lines of a manifest of ``total``: with on_bad_line=skip they are dropped, counted by reason and
     listed (the first SHOWN_PROBLEMS in the log, all in ``listing`` if given), and ManifestError stops the
-    run only when they are more than ``max_share`` of the lines; with on_bad_line=error, any one stops it."""
+    run only when they are more than ``max_share`` of the lines; with on_bad_line=error, any one stops it.
+    The messages name the settings as the calling command spells them: ``settings`` + on_bad_line (asr.fit's
+    data.on_bad_line, asr.shard's on_bad_line)."""
     if not problems:
         return
     counts = ", ".join(f"{n} {kind}" for kind, n in Counter(p.kind for p in problems).most_common())
@@ -217,16 +219,16 @@ def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_lin
     if on_bad_line == "error":
         raise ManifestError(
             f"{manifest}: {len(problems)} of {total} lines are unusable ({counts}):\n  {shown}{more}\n"
-            "Fix them, or set --data.on_bad_line skip to train without them."
+            f"Fix them, or set --{settings}on_bad_line skip to train without them."
         )
     if len(problems) > max_share * total:
         raise ManifestError(
             f"{manifest}: {len(problems)} of {total} lines are unusable ({counts}), more than "
-            f"data.max_dropped_share={max_share} allows:\n  {shown}{more}\n"
-            "Fix them, or raise --data.max_dropped_share to train without them."
+            f"{settings}max_dropped_share={max_share} allows:\n  {shown}{more}\n"
+            f"Fix them, or raise --{settings}max_dropped_share to train without them."
         )
     rank_zero_warn(f"{manifest}: skipped {len(problems)} of {total} lines ({counts}; "
-                   f"data.max_dropped_share={max_share}):\n  {shown}{more}")
+                   f"{settings}max_dropped_share={max_share}):\n  {shown}{more}")
 
 
 def say_notes(notes: list[dict], manifest: str | Path, sample_rate: int,

@@ -194,7 +194,7 @@ def write_results(transcriber: Transcriber, order: list[Result | int], checked: 
                disable=None if args.progress is None else not args.progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} audio s [{elapsed}<{remaining}]")
     try:
-        streamed = transcriber.stream(checked, lambda seconds: bar.update(min(seconds, bar.total - bar.n)))
+        streamed = transcriber.checked_results(checked, lambda seconds: bar.update(min(seconds, bar.total - bar.n)))
         for position, result in in_order(order, streamed):
             if result.error:
                 tqdm.write(result.error, file=sys.stderr)

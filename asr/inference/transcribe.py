@@ -5,6 +5,7 @@ asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr/transcribe.
     t = Transcriber.from_checkpoint("last.ckpt")
     t.transcribe(["a.flac", "b.wav"])                # -> ["text a", "text b"]
     t.transcribe_results(["a.flac"])[0].words         # -> [Word("call", 0.32, 0.56, 0.97), ...]
+    for update in t.stream(pieces): ...               # a streaming model: partial and final Updates as audio comes
 
 Files up to ``chunk_seconds`` long are batched by length (up to ``max_batch_seconds`` of padded audio);
 batching does not change a transcript, but for a model with ``model.features.quiet_db`` (the demo recipe's), whose
@@ -12,7 +13,8 @@ line a batch's padding moves (docs/transcription.md, "No words on non-speech"). 
 under ``second_pass`` of it is run again with the statistics of that span (asr.inference.focus). Longer files are
 read and run in overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform).
 Word times come from CTC forced alignment snapped to the speech in the audio, confidences from the alignment
-(asr.inference.result). A failed file gives a Result with ``error`` set, or raises TranscriptionError with
+(asr.inference.result). A streaming model (--model.encoder.streaming) also transcribes audio as it arrives:
+``stream`` and ``open_stream`` (asr.inference.streaming). A failed file gives a Result with ``error`` set, or raises TranscriptionError with
 ``on_error="stop"``. The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """
 
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from asr.audio import AudioError, check_finite, frame_samples, load_audio, resample
@@ -34,7 +37,8 @@ from asr.inference.decoding import Decoder
 from asr.inference.focus import SECOND_PASS, speech_span
 from asr.inference.inputs import check_all, failed, in_order
 from asr.inference.longform import read_frames, segments, stitched
-from asr.inference.result import Result, confident, hops_per_frame, loudness, words_of
+from asr.inference.result import Result, Word, confident, hops_per_frame, loudness, words_of
+from asr.inference.streaming import ENDPOINT_SECONDS, MAX_SEGMENT_SECONDS, Session, Update, chunk_frames, streaming_model
 from asr.train.module import ASRModule
 from asr.train.objectives import CTC, Decoding
 
@@ -123,7 +127,7 @@ class Transcriber:
         if unreadable and on_error == "stop":
             raise TranscriptionError(unreadable.error)
         results = []
-        for _, result in in_order(order, self.stream(checked)):
+        for _, result in in_order(order, self.checked_results(checked)):
             if result.error and on_error == "stop":
                 raise TranscriptionError(result.error)
             results.append(result)
@@ -134,8 +138,8 @@ class Transcriber:
         and reason; notes {"resampled", "stereo"}), as asr.data.manifest.check_audio."""
         return mf.check_audio(utt, self.sample_rate, "resample")
 
-    def stream(self, checked: list[mf.Utterance], progress: Callable[[float], None] = lambda seconds: None
-               ) -> Iterator[tuple[int, Result]]:
+    def checked_results(self, checked: list[mf.Utterance], progress: Callable[[float], None] = lambda seconds: None
+                        ) -> Iterator[tuple[int, Result]]:
         """(index, Result) for utterances that passed ``check``, in input order, each as soon as it can be.
 
         A file that fails while being read (corrupt or truncated data) gives a Result with ``error``;
@@ -243,13 +247,38 @@ class Transcriber:
         """``levels``: the utterance's loudness (asr.inference.result), which its word times are snapped to."""
         tokenizer = self.model.tokenizer
         words = words_of(spans, tokenizer, self.model.frame_seconds, utt.duration, levels)
-        text = tokenizer.decode(ids)
-        if self.min_confidence:
-            kept = confident(words, self.min_confidence)
-            text = text if len(kept) == len(words) else " ".join(w.word for w in kept)
-            words = kept
+        text, words = self.confident(tokenizer.decode(ids), words)
         return Result(str(utt.audio_filepath), utt.duration, text, words, utt.text,
                       utt.offset if utt.has_offset else None, blank_share=blank_share)
+
+
+    def confident(self, text: str, words: list[Word]) -> tuple[str, list[Word]]:
+        """The text and words without the words under min_confidence (the text as decoded if none is dropped)."""
+        if not self.min_confidence:
+            return text, words
+        kept = confident(words, self.min_confidence)
+        return (text if len(kept) == len(words) else " ".join(w.word for w in kept)), kept
+
+    def open_stream(self, chunk_seconds: float | None = None, endpoint_seconds: float = ENDPOINT_SECONDS,
+                    max_segment_seconds: float = MAX_SEGMENT_SECONDS) -> Session:
+        """A live transcription of a streaming model (asr.inference.streaming): ``session.feed(samples)`` as audio
+        arrives, ``session.finish()`` at its end, each giving Updates. ``chunk_seconds``: audio per encoder step, a
+        whole number of the model's frames (None: its model.encoder.chunk_frames); ``endpoint_seconds`` of silent
+        frames after speech end a segment, ``max_segment_seconds`` bound one. ValueError for a model that cannot
+        stream."""
+        model = streaming_model(self.model)
+        return Session(self, model, chunk_frames(model, chunk_seconds), endpoint_seconds, max_segment_seconds)
+
+    def stream(self, pieces: Iterable[np.ndarray | torch.Tensor], chunk_seconds: float | None = None,
+               endpoint_seconds: float = ENDPOINT_SECONDS, max_segment_seconds: float = MAX_SEGMENT_SECONDS
+               ) -> Iterator[Update]:
+        """Partial and final Updates (text, word times, confidences) of a stream of audio ``pieces`` ((n,) float32
+        at the model's rate, any length) as they become known; the last final comes when ``pieces`` ends. The
+        options are open_stream's."""
+        session = self.open_stream(chunk_seconds, endpoint_seconds, max_segment_seconds)
+        for piece in pieces:
+            yield from session.feed(piece)
+        yield from session.finish()
 
 
 def heard(pieces: Iterator[tuple[torch.Tensor, torch.Tensor]], levels: list[torch.Tensor]) -> Iterator[torch.Tensor]:

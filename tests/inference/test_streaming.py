@@ -1,0 +1,138 @@
+"""Transcriber.stream (asr.inference.streaming): a stream in pieces decodes the token ids of the whole file, finals
+come at pauses and at the end, partials grow into their finals, and memory stays bounded however long the stream.
+
+ToneStream (tests/streams.py) has known transcripts and word times; a tiny streaming checkpoint covers the real
+model, its caches and the CheckpointModel adapter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asr.inference.acoustic import CheckpointModel
+from asr.inference.transcribe import Transcriber
+from asr.tokenizer import BLANK_ID
+from tests.streams import RATE, ToneStream, speech_and_pauses, streaming_module
+from tests.tones import FRAME, ToneModel, tones
+
+
+@pytest.fixture(autouse=True)
+def one_thread(keep_threads):
+    """A stream's steps are small: one thread, as asr.serve runs them (OpenMP's spin on a busy machine costs more)."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def streaming_transcriber(char_tokenizer):
+    return Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
+
+
+def pieces(audio: torch.Tensor, seed: int = 0, most: int = 4000) -> list[torch.Tensor]:
+    """``audio`` (n,) cut at random into pieces of 1..most samples, as a microphone or a socket delivers it."""
+    generator, out, at = torch.Generator().manual_seed(seed), [], 0
+    while at < len(audio):
+        size = int(torch.randint(1, most, (), generator=generator))
+        out.append(audio[at: at + size])
+        at += size
+    return out
+
+
+def collapse(frames: torch.Tensor) -> list[int]:
+    """Greedy CTC of (T', V) frames."""
+    best = frames.argmax(-1).tolist()
+    return [t for i, t in enumerate(best) if t != BLANK_ID and (i == 0 or t != best[i - 1])]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_stream_in_pieces_decodes_the_token_ids_of_the_whole_file(streaming_transcriber, seed):
+    """Chunk by chunk, caches carried: the finals' token ids, in order, are those of the same model run over the
+    whole file at the same chunk; the pauses of the audio close segments on the way."""
+    audio = speech_and_pauses()
+    updates = list(streaming_transcriber.stream(pieces(audio, seed), endpoint_seconds=0.4))
+    whole, lengths = streaming_transcriber.model.log_probs(audio[None], torch.tensor([len(audio)]))
+    expected = streaming_transcriber.decoder(whole, lengths)[0]
+    finals = [u for u in updates if u.final]
+    assert expected and [i for u in finals for i in u.ids] == expected
+    assert len(finals) >= 2 and finals[-1].end == pytest.approx(len(audio) / RATE)
+    assert all(a.end <= b.start for a, b in zip(finals, finals[1:]))  # segments in order, never overlapping
+
+
+def test_partials_grow_into_their_final(streaming_transcriber):
+    """Greedy decoding reads each frame once: a partial's tokens begin its final's, and each partial of a segment
+    begins the next, so live captions only grow."""
+    updates = list(streaming_transcriber.stream(pieces(speech_and_pauses(), 2), endpoint_seconds=0.4))
+    partials = [u for u in updates if not u.final]
+    assert len(partials) > len([u for u in updates if u.final])
+    segment = []
+    for update in updates:
+        assert update.ids[: len(segment)] == segment
+        segment = [] if update.final else update.ids
+    assert all(w.start < w.end and 0 <= w.confidence <= 1 for u in updates for w in u.words)
+
+
+def test_finals_come_at_pauses_and_at_the_end(char_tokenizer):
+    """Two phrases with 1.6 s between them and none after: a final for the first while the second is still being
+    fed, then a final for the second when the stream ends; words where their tones are."""
+    first, first_spans = tones(char_tokenizer, "call five two nine", pause=40)
+    second, second_spans = tones(char_tokenizer, "spell c a t", pause=0)
+    audio = torch.from_numpy(np.concatenate([first, second]))
+    words = "call five two nine spell c a t".split()
+    spans = first_spans + [(a + len(first) / RATE, b + len(first) / RATE) for a, b in second_spans]
+    session = Transcriber(ToneStream(char_tokenizer)).open_stream()
+    fed, finals = 0.0, []
+    for piece in pieces(audio, most=1600):
+        fed += len(piece) / RATE
+        finals += [(u, fed) for u in session.feed(piece) if u.final]
+    finals += [(u, None) for u in session.finish() if u.final]
+    assert [u.text for u, _ in finals] == ["call five two nine", "spell c a t"]
+    (pause, fed_then), (end, fed_at_end) = finals
+    assert fed_then < len(first) / RATE and fed_at_end is None  # the first came during the pause
+    assert pause.end < len(first) / RATE and pause.end <= end.start
+    times = [(w.start, w.end) for u, _ in finals for w in u.words]
+    assert [w.word for u, _ in finals for w in u.words] == words
+    for (start, stop), (a, b) in zip(times, spans):  # a 40 ms frame either way at most
+        assert start == pytest.approx(a, abs=0.041) and stop == pytest.approx(b, abs=0.041)
+
+
+def test_a_segment_without_a_pause_is_cut_within_max_segment_seconds(char_tokenizer):
+    """Tones with short gaps for 9 s and max_segment_seconds 2: finals of at most 2 s, cut between tones, whose
+    tokens are the whole stream's."""
+    phrase, _ = tones(char_tokenizer, "call five two nine four", pause=0)
+    audio = torch.from_numpy(np.tile(phrase, 4))
+    model = ToneStream(char_tokenizer)
+    updates = list(Transcriber(model).stream(pieces(audio), max_segment_seconds=2.0))
+    finals = [u for u in updates if u.final]
+    assert len(finals) >= 4 and all(u.end - u.start <= 2.0 + 1e-9 for u in finals)
+    whole, _ = model.log_probs(audio[None], torch.tensor([len(audio)]))
+    assert [i for u in finals for i in u.ids] == collapse(whole[0])
+
+
+def test_memory_stays_bounded_over_a_long_stream(char_tokenizer):
+    """Five minutes of phrases, pauses and a minute of silence: the frames and loudness a session holds never
+    exceed max_segment_seconds', whatever has been fed; one final per phrase."""
+    phrase, _ = tones(char_tokenizer, "spell c a t", pause=30)
+    audio = np.concatenate([np.tile(phrase, 120), np.zeros(60 * RATE, np.float32), phrase])
+    session = Transcriber(ToneStream(char_tokenizer)).open_stream(max_segment_seconds=3.0)
+    finals, held = 0, []
+    for at in range(0, len(audio), RATE // 2):
+        finals += sum(u.final for u in session.feed(audio[at: at + RATE // 2]))
+        held.append((len(session.frames), len(session.levels)))
+    finals += sum(u.final for u in session.finish())
+    longest = round(3.0 / ToneModel.frame_seconds) + 2 * round(0.5 / ToneModel.frame_seconds)
+    assert finals == 121 and session.seconds == pytest.approx(len(audio) / RATE)
+    assert max(frames for frames, _ in held) <= longest and max(levels for _, levels in held) <= 4 * longest
+
+
+def test_a_model_that_cannot_stream_is_refused_with_what_to_train(char_tokenizer, checkpoint):
+    with pytest.raises(ValueError, match="--model.encoder.streaming true"):
+        list(Transcriber(ToneModel(char_tokenizer)).stream([torch.zeros(FRAME)]))
+    with pytest.raises(ValueError, match="--model.features.norm global"):
+        Transcriber.from_checkpoint(checkpoint).open_stream()
+
+
+def test_a_chunk_is_whole_frames_of_the_model(streaming_transcriber):
+    with pytest.raises(ValueError, match="whole number of the model's 0.04 s frames"):
+        streaming_transcriber.open_stream(chunk_seconds=0.1)
+    assert streaming_transcriber.open_stream(chunk_seconds=0.16).chunk == 4
+    assert streaming_transcriber.open_stream().chunk == 2  # the model's model.encoder.chunk_frames

@@ -1,0 +1,57 @@
+"""Streaming models for tests: a tiny streaming checkpoint whose frames are blank on silence, and ToneStream,
+ToneModel (tests/tones.py) heard chunk by chunk."""
+
+from __future__ import annotations
+
+import torch
+
+from asr.audio import FeatureConfig
+from asr.models.config import EncoderConfig
+from asr.tokenizer import Tokenizer
+from tests.tones import FRAME, ToneModel
+
+RATE = 16000
+
+
+def speech_and_pauses(seed: int = 0) -> torch.Tensor:
+    """(n,) 6 s: noise 1 s, silence 1 s, noise 1 s, noise at -40 dB 1 s, noise 2 s."""
+    audio = torch.randn(6 * RATE, generator=torch.Generator().manual_seed(seed)) * 0.1
+    audio[RATE: 2 * RATE] = 0.0
+    audio[3 * RATE: 4 * RATE] *= 0.01
+    return audio
+
+
+def streaming_module(tokenizer: Tokenizer, chunk: int = 2):
+    """An untrained streaming Conformer-CTC ASRModule (d_model 32, 2 blocks, 40 ms frames, chunk ``chunk`` frames,
+    6 frames of left context, global normalisation) whose blank is biased to win 60% of the frames of
+    speech_and_pauses: blank on its silence and quiet second, tokens on most of its noise."""
+    from asr.train.module import ASRModule  # here: Lightning only for the tests that need it
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
+                        streaming=True, chunk_frames=chunk, left_context=6)
+    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(norm="global", var_floor=0.0)).eval()
+    audio = speech_and_pauses()[None]
+    with torch.no_grad():
+        log_probs, _ = module.model(audio, torch.tensor([audio.shape[1]]))
+        margin = log_probs[0, :, 1:].max(-1).values - log_probs[0, :, 0]
+        module.model.head.bias[0] += torch.quantile(margin, 0.6)
+    return module
+
+
+class ToneStream(ToneModel):
+    """ToneModel as a StreamingModel (asr.inference.streaming): its frames as each chunk of audio is complete."""
+
+    chunk_frames = 2
+
+    def start_stream(self) -> torch.Tensor:
+        return torch.zeros(0)
+
+    def stream_step(self, audio: torch.Tensor, state: torch.Tensor, chunk: int, final: bool):
+        buffer = torch.cat([state, audio])
+        size = FRAME if final else chunk * FRAME
+        take = len(buffer) // size * size
+        if not take:
+            return torch.zeros(0, self.tokenizer.vocab_size), buffer
+        frames, _ = self.log_probs(buffer[None, :take], torch.tensor([take]))
+        return frames[0], buffer[take:]

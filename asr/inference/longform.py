@@ -122,18 +122,21 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
 def blank_cut(log_probs: torch.Tensor, lo: int, hi: int) -> int:
     """A frame in [lo, hi) to cut at: the middle of the longest run of frames whose best class is
     blank, or, with no such frame, the frame most likely blank."""
-    blank = (log_probs[lo:hi].argmax(-1) == BLANK_ID).tolist()
+    middle = longest_run_middle((log_probs[lo:hi].argmax(-1) == BLANK_ID).tolist())
+    return lo + (middle if middle is not None else int(log_probs[lo:hi, BLANK_ID].argmax()))
+
+
+def longest_run_middle(flags: list[bool]) -> int | None:
+    """The middle of the longest run of True in ``flags`` (the first of equals); None if there is none."""
     best, best_mid, run = 0, None, 0
-    for i, is_blank in enumerate(blank + [False]):
-        if is_blank:
+    for i, flag in enumerate(flags + [False]):
+        if flag:
             run += 1
         elif run:
             if run > best:
                 best, best_mid = run, i - run + run // 2
             run = 0
-    if best_mid is None:
-        best_mid = int(log_probs[lo:hi, BLANK_ID].argmax())
-    return lo + best_mid
+    return best_mid
 
 
 def segments(pieces: Iterable[torch.Tensor], length: int,

@@ -1,4 +1,4 @@
-"""The network, in plain PyTorch (no Lightning): features -> encoder -> CTC head.
+"""The network of CTC, in plain PyTorch (no Lightning): features -> encoder -> CTC head.
 
     audio (B, n) ──FeatureExtractor──> (B, T, F) ──SpecAugment (training only)──>
     ──Encoder (asr.models.encoder: Conv2d subsampling x4 or x8, Transformer or Conformer blocks)──> (B, T', d)
@@ -7,8 +7,8 @@
 
 T counts feature frames (10 ms each) before subsampling, T' encoder frames after it. Lengths are carried
 explicitly, so an utterance's output does not depend on what it was batched with. The model owns what follows
-from its shapes: ``frame_seconds``, ``encoder_frames`` and ``forward_flops`` (asr.train.cost asks it; the
-encoder counts its own FLOPs). ``vocab_size`` includes the CTC blank (see asr.tokenizer).
+from its shapes: ``frame_seconds``, ``encoder_frames`` (asr.models.network) and ``forward_flops`` (asr.train.cost
+asks it; the encoder counts its own FLOPs). ``vocab_size`` includes the CTC blank (see asr.tokenizer).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asr.audio import HOP_SECONDS, FeatureConfig, FeatureExtractor, num_frames
+from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
-from asr.models.encoder import build_encoder
+from asr.models.network import EncoderNetwork
 from asr.specaugment import SpecAugment
 
 
-class CTCModel(nn.Module):
+class CTCModel(EncoderNetwork):
     """Waveforms in, CTC log-probabilities out. The feature front end is part of the model.
 
     ``checkpoint_every=k`` recomputes every k-th block's activations in the backward pass (the encoder's
@@ -33,11 +33,7 @@ class CTCModel(nn.Module):
 
     def __init__(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
                  spec_augment: SpecAugment | None = None, checkpoint_every: int = 0):
-        super().__init__()
-        self.features = FeatureExtractor(features)
-        self.spec_augment = spec_augment or nn.Identity()
-        self.encoder = build_encoder(encoder, features.n_feats, checkpoint_every)
-        self.norm = nn.LayerNorm(self.encoder.d_model)
+        super().__init__(features, encoder, spec_augment, checkpoint_every)
         self.head = nn.Linear(self.encoder.d_model, vocab_size)
 
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor, middle: bool = False,
@@ -49,9 +45,7 @@ class CTCModel(nn.Module):
         method, so that FSDP2's hooks on the root module's forward still gather its parameters. ``statistics``
         (B, 2): the samples whose frames alone give the features' normalisation (FeatureExtractor).
         """
-        feats, frames = self.features(audio, lengths, statistics)  # (B, T, F), fp32
-        feats = feats.to(self.head.weight.dtype)  # bf16 when the weights are (bf16-true); autocast does the rest
-        x, lengths, *rest = self.encoder(self.spec_augment(feats), frames, middle)  # (B, T', d)
+        x, lengths, *rest = self.encode(audio, lengths, middle, statistics)  # (B, T', d)
         if middle:
             return self.log_probs(x), lengths, self.log_probs(rest[0])
         return self.log_probs(x), lengths
@@ -60,26 +54,12 @@ class CTCModel(nn.Module):
         """Encoder states (B, T', d) -> CTC log-probabilities (B, T', V) in fp32."""
         return self.head(self.norm(x)).float().log_softmax(dim=-1)
 
-    @property
-    def sample_rate(self) -> int:
-        """Hz of the audio the model takes."""
-        return self.features.config.sample_rate
-
-    @property
-    def frame_seconds(self) -> float:
-        """Seconds of audio per output (encoder) frame: the feature hop times the subsampling."""
-        return HOP_SECONDS * self.encoder.factor
-
-    def encoder_frames(self, num_samples: torch.Tensor | int) -> torch.Tensor | int:
-        """Encoder frames T' the model gives for an utterance of ``num_samples`` samples."""
-        return self.encoder.output_lengths(num_frames(num_samples, self.sample_rate))
-
-    def forward_flops(self, num_samples: torch.Tensor) -> torch.Tensor:
+    def forward_flops(self, num_samples: torch.Tensor, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward FLOPs (2 per multiply-add) of each utterance run alone: (B,) int64 for (B,) lengths in samples.
 
-        The encoder's own count and the CTC head's. Left out: the feature front end, norms, activations,
-        softmax (all small). Too short an utterance counts as padded to one encoder frame, as forward runs it.
+        The encoder's own count and the CTC head's (``num_tokens``, the targets, change neither). Left out: the
+        feature front end, norms, activations, softmax (all small). Too short an utterance counts as padded to one
+        encoder frame, as forward runs it.
         """
-        flops, t = self.encoder.flops(num_frames(num_samples.long(), self.sample_rate))
+        flops, t = self.encoder_flops(num_samples)
         return flops + 2 * t * self.head.in_features * self.head.out_features
-

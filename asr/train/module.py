@@ -38,6 +38,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
+from asr.models.transducer import TransducerConfig
 from asr.scoring import score
 from asr.settings import plain_settings
 from asr.specaugment import SpecAugment, SpecAugmentConfig
@@ -52,7 +53,7 @@ from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
 EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
-OBJECTIVE_SETTINGS = ("inter_ctc",)  # ASRModule's settings handed to the objective whose constructor names them
+OBJECTIVE_SETTINGS = ("inter_ctc", "transducer")  # ASRModule's settings handed to the objective whose constructor names them
 
 
 class ASRModule(pl.LightningModule):
@@ -64,6 +65,7 @@ class ASRModule(pl.LightningModule):
         spec_augment: SpecAugmentConfig | None = SpecAugmentConfig(),
         objective: str = "ctc",
         inter_ctc: float = 0.0,
+        transducer: TransducerConfig = TransducerConfig(),
         checkpoint_every: int = 0,
         compile: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -80,11 +82,14 @@ class ASRModule(pl.LightningModule):
             features: the feature front end (asr.audio.FeatureConfig); its sample_rate is linked from data.sample_rate.
             encoder: the encoder's shapes (asr.models.config.EncoderConfig).
             spec_augment: SpecAugment in training (asr.specaugment.SpecAugmentConfig); null turns it off.
-            objective: what training minimises and inference decodes (asr.train.objectives): ctc, or a class path
-                package.module:Class; it is handed the settings below that its constructor names (ctc: inter_ctc).
+            objective: what training minimises and inference decodes (asr.train.objectives): ctc, transducer (RNN-T),
+                hybrid (the transducer and a CTC head; asr.train.transducer), or a class path package.module:Class; it
+                is handed the settings below that its constructor names (ctc: inter_ctc; the others: transducer).
             inter_ctc: (ctc) weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
                 (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
                 0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
+            transducer: (transducer, hybrid) the prediction network's and joiner's shapes, the hybrid's CTC weight,
+                and decoding's bounds (asr.models.transducer.TransducerConfig).
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
             compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (AdamW by default).
@@ -114,7 +119,8 @@ class ASRModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         plain_settings(self)
         self.tokenizer, self.optimizer_factory, self.finetune = tokenizer, optimizer, finetune
-        self.objective = build_objective(objective, {"inter_ctc": inter_ctc}, objective_defaults())
+        self.objective = build_objective(objective, {"inter_ctc": inter_ctc, "transducer": transducer},
+                                         objective_defaults())
         bin_hz = features.bin_hz() if spec_augment and spec_augment.warps else None  # only the warp needs it
         augment = SpecAugment(spec_augment, bin_hz) if spec_augment else None
         self.model = self.objective.network(features, encoder, tokenizer.vocab_size, augment, checkpoint_every)

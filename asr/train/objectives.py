@@ -49,6 +49,8 @@ from asr.tokenizer import BLANK_ID, Tokenizer
 # --model.objective -> "module:Class", imported only when chosen; a value with a ":" is a class path itself
 OBJECTIVES: dict[str, str] = {
     "ctc": "asr.train.objectives:CTC",
+    "transducer": "asr.train.transducer:Transducer",
+    "hybrid": "asr.train.transducer:Hybrid",
 }
 
 

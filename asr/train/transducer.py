@@ -1,0 +1,81 @@
+"""The transducer objectives (``--model.objective transducer`` or ``hybrid``): RNN-T's loss on the joiner's lattice
+(asr.models.transducer), and for the hybrid a CTC head on the same encoder beside it (NeMo's hybrid RNNT-CTC
+models). Decoding is asr.inference.transducer's, with the network's prediction network and joiner.
+
+    transducer: loss = RNN-T loss (torchaudio.functional.rnnt_loss, fp32, blank asr.tokenizer.BLANK_ID)
+    hybrid:     loss = (1 - w) x RNN-T loss + w x CTC loss, w = model.transducer.ctc_weight
+
+Both are sums over the batch, as CTC's (ASRModule divides by the global batch's tokens); train/loss logs the
+transducer's alone. The logits are computed in the autocast dtype (bf16 on a bf16-mixed run) and cast to fp32 for
+the loss, whose gradient torchaudio computes in its forward (one fp32 lattice kept for the backward pass).
+A transducer trains on any utterance of at least one encoder frame: it may emit several tokens on one frame. The
+hybrid's CTC head needs CTC's frames (CTC.frames_needed).
+"""
+
+from __future__ import annotations
+
+import torch
+import torchaudio.functional as AF
+from torch import nn
+
+from asr.audio import FeatureConfig
+from asr.data.batch import Batch
+from asr.inference.transducer import TransducerDecoding
+from asr.models.config import EncoderConfig
+from asr.models.transducer import TransducerConfig, TransducerModel
+from asr.specaugment import SpecAugment
+from asr.tokenizer import BLANK_ID
+from asr.train.objectives import CTC, Loss, ctc_loss
+
+
+class Transducer:
+    """RNN-T (Graves 2012): a prediction network over the tokens before, a joiner, torchaudio's rnnt_loss."""
+
+    ctc_head = False  # the hybrid's CTC head beside the joiner
+
+    def __init__(self, transducer: TransducerConfig = TransducerConfig()):
+        self.cfg = transducer
+
+    def network(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
+                spec_augment: SpecAugment | None, checkpoint_every: int) -> TransducerModel:
+        return TransducerModel(features, encoder, vocab_size, self.cfg, self.ctc_head, spec_augment, checkpoint_every)
+
+    def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss:
+        out = model(batch.audio, batch.audio_lengths, targets=batch.tokens, target_lengths=batch.token_lengths)
+        loss_sum = rnnt_loss(out.logits, out.lengths, batch.tokens, batch.token_lengths)
+        return Loss(self.weighted(loss_sum, out, batch), loss_sum, out.frames, out.lengths)
+
+    def weighted(self, loss_sum: torch.Tensor, out, batch: Batch) -> torch.Tensor:
+        """What training minimises, given the transducer's summed loss: that loss."""
+        return loss_sum
+
+    @staticmethod
+    def frames_needed(ids: list[int]) -> int:
+        return 1
+
+    def decoding(self, model: TransducerModel) -> TransducerDecoding:
+        """Greedy and beam search with ``model``'s prediction network and joiner, wherever the model is."""
+        lstm = model.predictor.lstm
+        return TransducerDecoding(model.predictor.step, model.joiner.join, (lstm.num_layers, lstm.hidden_size),
+                                  model.ctc_width, self.cfg.max_symbols, self.cfg.beam_size,
+                                  device=lambda: model.joiner.output.weight.device)
+
+
+class Hybrid(Transducer):
+    """The transducer and a CTC head on the same encoder, weighted by ``model.transducer.ctc_weight``; it decodes as
+    the transducer, and finds silent frames and cut points by its CTC head's blanks."""
+
+    ctc_head = True
+    frames_needed = staticmethod(CTC.frames_needed)
+
+    def weighted(self, loss_sum: torch.Tensor, out, batch: Batch) -> torch.Tensor:
+        ctc = ctc_loss(out.ctc_log_probs, out.lengths, batch.tokens, batch.token_lengths, reduction="sum")
+        return (1 - self.cfg.ctc_weight) * loss_sum + self.cfg.ctc_weight * ctc
+
+
+def rnnt_loss(logits: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor
+              ) -> torch.Tensor:
+    """RNN-T loss in fp32 of logits (B, T', U+1, V) over the batch's longest utterance and target, summed over the
+    batch."""
+    return AF.rnnt_loss(logits.float(), tokens[:, : logits.shape[2] - 1].int(), lengths.int(), token_lengths.int(),
+                        blank=BLANK_ID, reduction="sum")

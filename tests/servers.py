@@ -96,9 +96,12 @@ def s3_server(folder: Path, bucket: str = "corpus") -> Iterator[tuple[str, dict[
     import boto3
     from moto.server import ThreadedMotoServer
 
+    from asr.data import remote
+
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    remote._SET_UP.clear()  # this process's S3 client was made for another server (asr.data.remote.connect)
     try:
         with environment({**S3_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}) as env:
             client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
@@ -108,3 +111,4 @@ def s3_server(folder: Path, bucket: str = "corpus") -> Iterator[tuple[str, dict[
             yield f"s3://{bucket}/{folder.name}", env
     finally:
         server.stop()
+        remote._SET_UP.clear()

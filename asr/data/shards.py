@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from asr.audio import AudioError, check_finite, read_mono, resample
 from asr.data import manifest as mf
+from asr.data import remote
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.batch import Batch, collate
 from asr.data.faults import DataFaults
@@ -64,16 +65,16 @@ def join(root: str, name: str) -> str:
 
 
 def read_bytes(address: str, flag: str) -> bytes:
-    """The whole file at a path or URL (lhotse's open_best: smart_open for https:// and s3://)."""
+    """The whole file at a path or URL (lhotse's open_best: smart_open for https:// and s3://); ShardsError naming
+    the flag, the address and what went wrong (asr.data.remote.failure)."""
     from lhotse.serialization import open_best
 
-    one_s3_client(address)
+    remote.connect(address)
     try:
         with open_best(address, "rb") as f:
             return f.read()
     except Exception as err:  # noqa: BLE001 - OSError, botocore's and requests' errors alike: say which file
-        raise ShardsError(f"{flag}: cannot read {address} ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
-                          ) from err
+        raise ShardsError(f"{flag}: cannot read {address}: {remote.failure(err)}") from err
 
 
 def equal_duration_bins(durations: list[float], buckets: int = BUCKETS, weights: list[float] | None = None
@@ -110,8 +111,9 @@ class ShardIndex:
                 raise ShardsError(f"{flag}: {root} has no {INDEX}: not a shard folder, or python -m asr.shard "
                                   "did not finish writing it") from err
             raise
-        if data.get("format") != cls.FORMAT or not data.get("shards"):
+        if not isinstance(data, dict) or data.get("format") != cls.FORMAT or not data.get("shards"):
             raise ShardsError(f"{flag}: {join(root, INDEX)} is not an index of asr.shard (format {cls.FORMAT})")
+        check_counts(data, join(root, INDEX), flag)
         return cls(root, data)
 
     @property
@@ -135,7 +137,33 @@ class ShardIndex:
         return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
 
     def tokenizer(self, flag: str = "data.train_shards") -> Tokenizer:
-        return Tokenizer(read_bytes(join(self.root, self.data["tokenizer"]), flag))
+        """The tokenizer stored with the shards; ShardsError naming its address if it is not one of asr."""
+        address = join(self.root, self.data["tokenizer"])
+        try:
+            return Tokenizer(read_bytes(address, flag))
+        except (RuntimeError, ValueError) as err:  # sentencepiece cannot parse it, or it breaks the blank contract
+            if isinstance(err, ShardsError):
+                raise
+            raise ShardsError(f"{flag}: {address} is not a tokenizer of asr ({' '.join(str(err).split())[:160]}): "
+                              "write the shards again with python -m asr.shard, or train with another one "
+                              "(--data.tokenizer_model)") from err
+
+
+def check_counts(data: dict, address: str, flag: str) -> None:
+    """An index' totals are its shards' sums, and each shard names its two files and counts its utterances:
+    ShardsError naming the index if not (an index edited by hand, or put together from two writes)."""
+    try:
+        counts = [int(s["utterances"]) for s in data["shards"]]
+        total, seconds = int(data["utterances"]), float(data["seconds"])
+        stored = sum(float(s["seconds"]) for s in data["shards"])
+        if not all(isinstance(s["cuts"], str) and isinstance(s["recording"], str) for s in data["shards"]):
+            raise TypeError("a shard's file names are not text")
+    except (KeyError, TypeError, ValueError) as err:
+        raise ShardsError(f"{flag}: {address} is not an index of asr.shard ({type(err).__name__}: {err})") from err
+    if min(counts) < 0 or sum(counts) != total or abs(stored - seconds) > 0.001 * len(counts) + 0.01:
+        raise ShardsError(f"{flag}: {address} says {total} utterances ({seconds:g} s), but its {len(counts)} shards "
+                          f"hold {sum(counts)} ({stored:.3f} s): it was changed since python -m asr.shard wrote it; "
+                          "write the shards again")
 
 
 def mixed_bins(corpora: list[ShardIndex], weights: list[float]) -> list[float]:
@@ -184,7 +212,7 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
     from lhotse.shar import LazySharIterator
 
     done, expected = 0, shard.get("utterances", 0)
-    one_s3_client(shard["recording"])
+    remote.connect(shard["recording"])
     for attempt in range(1, tries + 1):
         try:
             fields = {"cuts": [shard["cuts"]], "recording": [shard["recording"]]}
@@ -196,7 +224,7 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
                 return
             failure = f"it ended after {done} of the index' {expected} utterances"
         except Exception as err:  # noqa: BLE001 - tarfile's, gzip's, smart_open's and botocore's errors alike
-            failure = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+            failure = remote.failure(err)
         if attempt < tries:
             time.sleep(attempt)
     lost = max(1, expected - done)
@@ -204,24 +232,6 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
                   custom={"source": shard["recording"], "lost": lost,
                           "problem": f"shard unreadable after {tries} tries, its last {lost} utterances skipped: "
                                      f"{failure}"})
-
-
-_S3_CLIENT_OF: list[int] = []  # the process that set lhotse's S3 client up (a data worker forks without it)
-
-
-def one_s3_client(address: str) -> None:
-    """Read every s3:// file of this process (index, tokenizer, shards) through one S3 client (lhotse's
-    ``SmartOpen.setup``). Left to itself, smart_open makes a client for every file it opens, and a botocore client
-    takes a good part of a second of CPU to build: with 5-utterance shards that was most of a data worker's time
-    (docs/benchmarks.md, 2026-11-26 late night). Made in the process that reads, as boto3 clients must not cross a
-    fork."""
-    if not address.startswith("s3://") or _S3_CLIENT_OF == [os.getpid()]:
-        return
-    import boto3
-    from lhotse.utils import SmartOpen
-
-    SmartOpen.setup(transport_params={"client": boto3.session.Session().client("s3")})
-    _S3_CLIENT_OF[:] = [os.getpid()]
 
 
 def decode(cut) -> tuple[torch.Tensor, int]:

@@ -333,3 +333,18 @@ def test_shard_settings_out_of_range_are_refused_by_name(settings, message):
     from asr.data.module import ASRDataModule
     with pytest.raises(ValueError, match=message):
         ASRDataModule(**settings)
+
+
+def test_an_index_that_does_not_add_up_or_a_tokenizer_that_is_not_one_is_refused_by_name(shards, tmp_path):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(shards, broken)
+    index = json.loads((broken / INDEX).read_text())
+    (broken / INDEX).write_text(json.dumps({**index, "utterances": 65}))
+    with pytest.raises(ShardsError, match=rf"x: {broken}/index.json says 65 utterances \(.* s\), but its 6 shards hold "
+                                          "60 .*: it was changed since python -m asr.shard wrote it"):
+        ShardIndex.read(str(broken), "x")
+    (broken / INDEX).write_text(json.dumps(index))
+    (broken / "tokenizer.model").write_bytes(b"\x08\x01 not a sentencepiece model")
+    with pytest.raises(ShardsError, match=f"data.train_shards: {broken}/tokenizer.model is not a tokenizer of asr"):
+        ShardIndex.read(str(broken), "x").tokenizer()

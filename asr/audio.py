@@ -94,6 +94,38 @@ def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tenso
     return resampler(from_rate, to_rate, samples.dtype)(samples)
 
 
+class StreamResampler:
+    """``resample`` of a stream, piece by piece: what it gives for the pieces joined is ``resample`` of the whole
+    (to float rounding). Each piece is resampled with ``margin`` input samples of the audio on both sides (more
+    than the sinc kernel reaches: 6 zero crossings), so the output waits for ``margin`` samples of look-ahead
+    (4 ms at 16 kHz); pieces start on whole periods of the two rates (gcd), where input and output samples meet."""
+
+    def __init__(self, from_rate: int, to_rate: int):
+        g = math.gcd(from_rate, to_rate)
+        self.from_rate, self.to_rate, self.period = from_rate, to_rate, from_rate // g  # input samples per period
+        self.margin = -(-max(64, 16 * from_rate // to_rate) // self.period) * self.period
+        self.buffer = torch.zeros(self.margin)  # the zeros before the start that resample pads with, then audio
+        self.received, self.given = 0, 0  # input samples, output samples
+
+    def __call__(self, samples: torch.Tensor, final: bool = False) -> torch.Tensor:
+        """(n,) float audio at from_rate -> (m,) at to_rate: the output its input is known for (``final``: the rest)."""
+        self.received += len(samples)
+        buffer = torch.cat([self.buffer, samples.float()])
+        if final:
+            out = resample(torch.cat([buffer, torch.zeros(self.margin)]), self.from_rate, self.to_rate)
+            first = self.margin * self.to_rate // self.from_rate
+            total = -(-self.received * self.to_rate // self.from_rate)  # what resample gives for the whole
+            return out[first: first + total - self.given]
+        usable = (len(buffer) - self.margin) // self.period * self.period  # input known with its look-ahead
+        if usable <= self.margin:
+            self.buffer = buffer
+            return buffer[:0]
+        out = resample(buffer[: usable + self.margin], self.from_rate, self.to_rate)
+        out = out[self.margin * self.to_rate // self.from_rate: usable * self.to_rate // self.from_rate]
+        self.buffer, self.given = buffer[usable - self.margin:], self.given + len(out)
+        return out
+
+
 @functools.lru_cache(maxsize=256)
 def resampler(from_rate: int, to_rate: int, dtype: torch.dtype) -> AT.Resample:
     """torchaudio's Resample with its sinc kernel computed once per rate pair (speed and pitch

@@ -5,6 +5,8 @@
     python -m asr.transcribe --checkpoint CKPT recordings/ --output_dir subs/ --format srt
     python -m asr.transcribe --checkpoint CKPT meeting.flac --format vtt > meeting.vtt
     python -m asr.transcribe --checkpoint CKPT data/mini/test.jsonl --beam_size 8 --lm lm.arpa
+    arecord -f S16_LE -r 16000 -t raw | python -m asr.transcribe --checkpoint CKPT --stream -   # live, a streaming model
+    python -m asr.transcribe --checkpoint CKPT --stream meeting.flac --realtime                 # a file, at real speed
 
 The library is asr.inference.transcribe (Transcriber); this module is its command line.
 
@@ -34,6 +36,10 @@ stderr and, with ``--output``, in a row with an ``error`` field; the others are 
 (``--on_error stop``: the first ends the run). The exit code is EXIT_CODES. The Python API
 gives a failed file a Result with ``error`` set, or raises TranscriptionError if asked to.
 
+``--stream SOURCE`` (a streaming model, --model.encoder.streaming): audio as it arrives, 16-bit PCM (raw at the
+model's rate, or with a WAV header) from standard input (``-``) or a file replayed (``--realtime``: at real speed),
+printed as partial and final lines (asr/inference/live.py, asr/inference/streaming.py).
+
 The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """
 
@@ -45,6 +51,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from tqdm import tqdm
 
 from asr.data import manifest as mf
@@ -52,8 +60,10 @@ from asr.inference.acoustic import load_model
 from asr.inference.decoding import Decoder, make_decoder
 from asr.inference.formats import FORMATS
 from asr.inference.inputs import check_all, collect, in_order
+from asr.inference.live import Printer, file_pieces, paced, pcm_pieces
 from asr.inference.output import Sink, open_sink
 from asr.inference.result import Result
+from asr.inference.streaming import ENDPOINT_SECONDS
 from asr.inference.transcribe import ON_ERROR, Transcriber, TranscriptionError  # noqa: F401  (the Python API, here too)
 from asr.scoring import score, score_line
 from asr.tokenizer import Tokenizer
@@ -71,7 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m asr.transcribe", description=__doc__.split("\n\n")[0],
                                      epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("inputs", nargs="+", help="audio files, folders of audio, or JSON-lines manifests (audio_filepath; "
+    add("inputs", nargs="*", help="audio files, folders of audio, or JSON-lines manifests (audio_filepath; "
         "text and duration optional)")
     add("--checkpoint", required=True, help="a .ckpt written by python -m asr.fit, or a model of asr.export")
     add("--output", help="append one JSON line per input to this file; a rerun skips what it holds, retries errors")
@@ -99,7 +109,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--word_score", type=float, default=None, help="score added per word, or per character with a character LM (default: asr.inference.decoding's)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar on stderr (default: when stderr is a terminal)")
+    add("--stream", metavar="SOURCE", help="transcribe live with a streaming model: 16-bit PCM from standard input "
+        "(-: raw at the model's rate, or with a WAV header) or an audio file, printing partial and final lines")
+    add("--realtime", action="store_true", help="--stream FILE: replay the file at real speed, not as fast as it can")
+    add("--stream_chunk", type=float, metavar="SECONDS", help="--stream: audio per encoder step, a whole number "
+        "of the model's frames: the latency (default: the model's model.encoder.chunk_frames)")
+    add("--endpoint_seconds", type=float, default=ENDPOINT_SECONDS,
+        help="--stream: silence after words that ends a segment with a final line")
     args = parser.parse_args(argv)
+    if bool(args.inputs) == bool(args.stream):
+        parser.error("give audio inputs, or --stream SOURCE (- for standard input), not both")
+    if args.stream and (args.output or args.output_dir or args.format not in (None, "txt", "jsonl")):
+        parser.error("--stream prints to stdout, as txt or jsonl lines")
+    if args.realtime and args.stream in (None, "-"):
+        parser.error("--realtime replays a file: --stream FILE")
     if args.output and args.output_dir:
         parser.error("give --output (one JSONL file) or --output_dir (one file per input), not both")
     if args.output and args.format not in (None, "jsonl"):
@@ -151,6 +174,30 @@ class Tally:
             if self.unscored:
                 text += f"; {self.unscored} without text not scored"
         return text
+
+
+def stream_all(args: argparse.Namespace) -> int:
+    """``--stream``: one stream's partial and final lines on stdout, then its audio and real-time factor on stderr."""
+    model = load_model(args.checkpoint, args.device)
+    transcriber = Transcriber(model, args.device, decoder=build_decoder(args, model.tokenizer),
+                              min_confidence=args.min_confidence)
+    session = transcriber.open_stream(args.stream_chunk, args.endpoint_seconds)
+    torch.set_num_threads(1)  # a stream's steps are small: more threads only wait for each other (asr.serve's too)
+    if args.stream == "-":
+        pieces = pcm_pieces(sys.stdin.buffer, "standard input", transcriber.sample_rate)
+    else:
+        pieces = file_pieces(args.stream, transcriber.sample_rate)
+        pieces = paced(pieces, transcriber.sample_rate) if args.realtime else pieces
+    show, start = Printer(args.format, sys.stdout), time.perf_counter()
+    for piece in pieces:
+        for update in session.feed(piece):
+            show(update)
+    for update in session.finish():
+        show(update)
+    elapsed = time.perf_counter() - start
+    print(f"{session.seconds:.1f} s of audio in {elapsed:.2f} s: real-time factor "
+          f"{elapsed / max(session.seconds, 1e-9):.4f}; {show.finals} final lines", file=sys.stderr)
+    return EXIT_OK
 
 
 def transcribe_all(args: argparse.Namespace) -> int:
@@ -213,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m asr.transcribe``; returns the exit code (EXIT_CODES). Bad flags exit with 2 (argparse)."""
     args = parse_args(argv)
     try:
-        return transcribe_all(args)
+        return stream_all(args) if args.stream else transcribe_all(args)
     except (OSError, ValueError) as err:  # the checkpoint, an option or the output cannot be used
         print(f"python -m asr.transcribe: error: {err}", file=sys.stderr)
         return EXIT_FAILED

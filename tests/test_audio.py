@@ -333,3 +333,17 @@ def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval()
     assert torch.equal(jitter.eval()(feats), feats)
     with pytest.raises(ValueError, match="model.spec_augment.freq_warp_jitter must be in"):
         SpecAugment(SpecAugmentConfig(freq_warp_jitter=0.5), bin_hz=cfg.bin_hz())
+
+
+@pytest.mark.parametrize("rates", [(8000, 16000), (44100, 16000), (16000, 8000)])
+def test_a_stream_resampled_in_pieces_is_the_whole_resampled(rates):
+    from asr.audio import StreamResampler, resample
+
+    audio = torch.randn(2 * rates[0] + 37, generator=torch.Generator().manual_seed(0))
+    convert, pieces, at, generator = StreamResampler(*rates), [], 0, torch.Generator().manual_seed(1)
+    while at < len(audio):
+        size = int(torch.randint(1, 3000, (), generator=generator))
+        pieces.append(convert(audio[at: at + size]))
+        at += size
+    pieces.append(convert(audio[:0], final=True))
+    torch.testing.assert_close(torch.cat(pieces), resample(audio, *rates), atol=1e-5, rtol=0)

@@ -172,20 +172,32 @@ class Session:
         self.unheard = audio[whole:]
 
     def _decode(self, frames: torch.Tensor, end: bool) -> list[Update]:
-        """Add the new frames (T', *) to the segment and say what it holds now: finals where it closed, then a
-        partial of what remains (none at the end of the stream)."""
-        self.frames = frames if self.frames is None else torch.cat([self.frames, frames])
+        """Add the new frames (T', *) to the segment a chunk at a time, so that pauses are found however the audio
+        came, and say what it holds now: finals where it closed, then a partial of the rest (at the end of the
+        stream: its final, if it has text)."""
         updates = []
-        while len(self.frames) > self.longest:  # no pause within max_segment_seconds: cut at the best one
-            updates.append(self._close(self.transcriber.objective.cut(self.frames, self.longest // 2, self.longest)))
+        for at in range(0, len(frames), self.chunk):
+            updates += self._extend(frames[at: at + self.chunk])
+        if self.frames is None:
+            self.frames = frames
         ids = self._ids(self.frames)
-        silent = self.transcriber.objective.silent_frames(self.frames[-self.endpoint:]) == self.endpoint
-        if ids and (end or (len(self.frames) >= self.endpoint and silent)):
-            return updates + [self._close(len(self.frames), ids)]
-        update = self._update(self.frames, ids, final=False)
+        if end:
+            return updates + ([self._close(len(self.frames), ids)] if ids else [])
+        return updates + [self._update(self.frames, ids, final=False)]
+
+    def _extend(self, frames: torch.Tensor) -> list[Update]:
+        """One chunk's frames onto the segment; the finals of the segments it closed (module docstring)."""
+        self.frames = frames if self.frames is None else torch.cat([self.frames, frames])
+        finals = []
+        while len(self.frames) > self.longest:  # no pause within max_segment_seconds: cut at the best one
+            finals.append(self._close(self.transcriber.objective.cut(self.frames, self.longest // 2, self.longest)))
+        ids = self._ids(self.frames)
         if not ids:  # nothing said yet: the frames are not kept (greedy decoding of what follows is the same)
             self._drop(len(self.frames))
-        return updates if end else updates + [update]
+        elif len(self.frames) >= self.endpoint and \
+                self.transcriber.objective.silent_frames(self.frames[-self.endpoint:]) == self.endpoint:
+            finals.append(self._close(len(self.frames), ids))
+        return finals
 
     def _ids(self, frames: torch.Tensor) -> list[int]:
         return self.transcriber.decoder(frames[None], torch.tensor([len(frames)]))[0]

@@ -1,0 +1,118 @@
+"""Audio for ``asr.transcribe --stream``: 16-bit PCM (raw, or with a WAV header) from a pipe, or a file replayed as
+fast as it can be read or at real speed; and the lines a stream's Updates print as.
+
+    sox f.flac -t raw -r 16000 -e signed -b 16 -c 1 - | python -m asr.transcribe --checkpoint C --stream -
+    arecord -f S16_LE -r 16000 -t raw | python -m asr.transcribe --checkpoint C --stream -
+    python -m asr.transcribe --checkpoint C --stream f.flac --realtime
+
+Raw PCM is little-endian signed 16-bit mono at the model's rate. A WAV header (``sox ... -t wav -``, ``arecord -t
+wav``) says its rate and channels instead: another rate is resampled as it streams (asr.audio.StreamResampler),
+channels are mixed to mono. A file may be anything soundfile reads, at any rate.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO, TextIO
+
+import numpy as np
+import soundfile
+import torch
+
+from asr.audio import AudioError, StreamResampler
+from asr.inference.streaming import Update
+
+PIECE_SECONDS = 0.1  # audio read at a time: a pipe's reads are up to this, a file's replay pieces are this
+PCM_FORMATS = (1, 0xFFFE)  # WAVE_FORMAT_PCM, WAVE_FORMAT_EXTENSIBLE (with 16-bit integer samples)
+
+
+def wav_header(f: BinaryIO, name: str) -> tuple[bytes, int | None, int]:
+    """Read a WAV header from the start of ``f`` if it has one: (bytes read that are audio, the header's rate or
+    None for raw PCM, channels). Reads only up to the data, so a pipe works; the data size is not trusted (a
+    pipe's is 0 or 2^32 - 1). Anything but 16-bit integer PCM raises AudioError naming ``name``."""
+    head = f.read(12)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return head, None, 1
+    rate = None
+    while True:
+        chunk = f.read(8)
+        if len(chunk) < 8:
+            raise AudioError(f"{name}: a WAV header with no data chunk")
+        kind, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+        if kind == b"data":
+            break
+        body = f.read(size + size % 2)
+        if kind == b"fmt ":
+            form, channels, rate, _, _, bits = struct.unpack("<HHIIHH", body[:16])
+            if form not in PCM_FORMATS or bits != 16:
+                raise AudioError(f"{name}: WAV of format {form} with {bits}-bit samples; --stream reads 16-bit PCM "
+                                 "(sox ... -e signed -b 16)")
+    if rate is None:
+        raise AudioError(f"{name}: a WAV header with no fmt chunk")
+    return b"", rate, channels
+
+
+def pcm_pieces(f: BinaryIO, name: str, sample_rate: int) -> Iterator[np.ndarray]:
+    """(n,) float32 pieces at ``sample_rate`` of 16-bit PCM read from ``f`` until it ends, each what a read gave
+    (up to PIECE_SECONDS): raw mono at ``sample_rate``, or as a WAV header says (module docstring)."""
+    pending, rate, channels = wav_header(f, name)
+    rate = rate or sample_rate
+    convert = StreamResampler(rate, sample_rate) if rate != sample_rate else None
+    size, read = 2 * channels * round(PIECE_SECONDS * rate), getattr(f, "read1", f.read)
+    while data := read(size):
+        pending += data
+        whole = len(pending) // (2 * channels) * 2 * channels
+        samples = np.frombuffer(pending[:whole], "<i2").reshape(-1, channels).mean(axis=1, dtype=np.float32) / 32768
+        pending = pending[whole:]
+        yield convert(torch.from_numpy(samples)).numpy() if convert else samples
+    if convert:
+        yield convert(torch.zeros(0), final=True).numpy()
+
+
+def file_pieces(path: str, sample_rate: int) -> Iterator[np.ndarray]:
+    """(n,) float32 pieces of PIECE_SECONDS of an audio file, mixed to mono and resampled to ``sample_rate`` as they
+    are read (the file is never read whole); a file soundfile cannot read raises AudioError naming it."""
+    try:
+        f = soundfile.SoundFile(path)
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
+        raise AudioError(f"{path}: cannot read audio ({err})") from err
+    with f:
+        convert = StreamResampler(f.samplerate, sample_rate) if f.samplerate != sample_rate else None
+        for block in f.blocks(blocksize=round(PIECE_SECONDS * f.samplerate), dtype="float32", always_2d=True):
+            samples = block.mean(axis=1)
+            yield convert(torch.from_numpy(samples)).numpy() if convert else samples
+        if convert:
+            yield convert(torch.zeros(0), final=True).numpy()
+
+
+def paced(pieces: Iterable[np.ndarray], sample_rate: int, clock=time.monotonic, sleep=time.sleep
+          ) -> Iterator[np.ndarray]:
+    """``pieces`` at real speed: each once as much time has passed since the first as the audio up to its end lasts."""
+    start, heard = clock(), 0
+    for piece in pieces:
+        heard += len(piece)
+        sleep(max(0.0, start + heard / sample_rate - clock()))
+        yield piece
+
+
+class Printer:
+    """Prints a stream's Updates to ``out`` as they come: finals always, partials when their text changed (an empty
+    one never). ``kind`` "txt": ``partial|final<TAB>start<TAB>end<TAB>text`` (seconds from the stream's start);
+    "jsonl": the JSON messages of asr.serve's protocol (Update.to_json)."""
+
+    def __init__(self, kind: str, out: TextIO):
+        self.kind, self.out, self.shown, self.finals = kind, out, "", 0
+
+    def __call__(self, update: Update) -> None:
+        if not update.final and update.text in ("", self.shown):
+            return
+        self.shown = "" if update.final else update.text
+        self.finals += update.final
+        if self.kind == "jsonl":
+            line = json.dumps(update.to_json(), ensure_ascii=False)
+        else:
+            line = f"{'final' if update.final else 'partial'}\t{update.start:.2f}\t{update.end:.2f}\t{update.text}"
+        print(line, file=self.out, flush=True)

@@ -61,7 +61,7 @@ from asr.inference.decoding import Decoder, make_decoder
 from asr.inference.formats import FORMATS
 from asr.inference.inputs import check_all, collect, in_order
 from asr.inference.live import Printer, file_pieces, paced, pcm_pieces
-from asr.inference.output import Sink, open_sink
+from asr.inference.output import Sink, open_sink, to_stdout
 from asr.inference.result import Result
 from asr.inference.streaming import ENDPOINT_SECONDS
 from asr.inference.transcribe import ON_ERROR, Transcriber, TranscriptionError  # noqa: F401  (the Python API, here too)
@@ -210,7 +210,7 @@ def transcribe_all(args: argparse.Namespace) -> int:
                      [name for u, name in found if isinstance(u, mf.Utterance)])
     todo = [(u, name) for u, name in found if isinstance(u, mf.Problem)
             or not sink.is_done(str(u.audio_filepath), u.offset if u.has_offset else None, name)]
-    out = sys.stdout if args.output or args.output_dir else sys.stderr  # stdout stays transcripts only
+    out = sys.stderr if to_stdout(args.output, args.output_dir) else sys.stdout  # stdout stays transcripts only
     tally = Tally(skipped=len(found) - len(todo), scored=[(r["reference"], r["text"]) for r in sink.rows
                                                           if r.get("reference")])
     if tally.skipped:

@@ -1,4 +1,5 @@
-"""Where asr.transcribe's results go: a Sink (``--output`` FILE.jsonl, ``--output_dir`` DIR, or stdout).
+"""Where asr.transcribe's results go: a Sink (``--output`` FILE.jsonl, ``--output_dir`` DIR, or stdout, also as
+``--output -``).
 
 Every sink lets a rerun of the same command resume: ``is_done`` tells which inputs an earlier run
 finished, and what a sink writes is complete or absent (a flushed line, an atomically renamed file).
@@ -14,6 +15,8 @@ from typing import Protocol
 from asr.atomic import write_atomically
 from asr.inference.formats import get_format
 from asr.inference.result import Result
+
+STDOUT = "-"  # --output -: the JSON lines on standard output, as Unix commands read "-"
 
 
 class Sink(Protocol):
@@ -34,8 +37,10 @@ class Sink(Protocol):
 
 
 def open_sink(output: str | None, output_dir: str | None, kind: str, names: list[str]) -> Sink:
-    """The sink of ``--output`` (JsonlFile), else ``--output_dir`` (OutputDir), else stdout, for inputs
-    with output names ``names`` in format ``kind``; ValueError naming the flag if it cannot hold them."""
+    """The sink of ``--output`` (JsonlFile; ``-``: stdout), else ``--output_dir`` (OutputDir), else stdout, for
+    inputs with output names ``names`` in format ``kind``; ValueError naming the flag if it cannot hold them."""
+    if output == STDOUT:
+        return Stdout("jsonl")
     if output:
         return JsonlFile(output)
     if output_dir:
@@ -46,6 +51,12 @@ def open_sink(output: str | None, output_dir: str | None, kind: str, names: list
     if kind in ("srt", "vtt") and len(names) > 1:
         raise ValueError(f"--format {kind} of {len(names)} utterances needs --output_dir")
     return Stdout(kind)
+
+
+def to_stdout(output: str | None, output_dir: str | None) -> bool:
+    """Whether the results go to standard output (no --output nor --output_dir, or ``--output -``): then the run's
+    own lines (what was skipped, the summary) go to stderr, so that stdout holds results only."""
+    return output == STDOUT or not (output or output_dir)
 
 
 class JsonlFile:

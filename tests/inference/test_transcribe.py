@@ -10,6 +10,7 @@ tests/inference/test_transcribe_inputs.py's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import soundfile
@@ -101,6 +102,19 @@ def test_output_jsonl_resumes_and_redoes_a_torn_last_line(checkpoint, corpus, tm
     out.write_text("not json\n" + lines[0] + "\n")
     assert main(["--checkpoint", str(checkpoint), str(manifest), "--output", str(out)]) == 2
     assert "hyps.jsonl:1: not a line written by asr.transcribe" in capsys.readouterr().err
+
+
+def test_output_dash_writes_the_json_lines_to_standard_output_and_the_summary_to_stderr(checkpoint, corpus, tmp_path,
+                                                                                      capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    manifest = corpus.manifest("two.jsonl", corpus.train_rows[:2])
+    assert main(["--checkpoint", str(checkpoint), str(manifest), "--output", "-", "--no-progress"]) == 0
+    printed = capsys.readouterr()
+    rows = [json.loads(line) for line in printed.out.splitlines()]
+    assert [Path(row["audio_filepath"]).name for row in rows] == [Path(r["audio_filepath"]).name
+                                                                   for r in corpus.train_rows[:2]]
+    assert "2 files" in printed.err and "WER" in printed.err
+    assert not (tmp_path / "-").exists()
 
 
 def test_batching_does_not_change_texts_or_word_times(checkpoint, corpus):

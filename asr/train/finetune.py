@@ -16,6 +16,7 @@ import torch
 
 
 PATTERNS = ("include", "exclude", "freeze")  # FineTune's fields that hold patterns
+MIN_LOADED_SHARE = 0.5  # of a model's weights (tensors): a run that would load less stops unless allow_partial
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class FineTune:
         freeze: patterns of the weights held still for the first freeze_steps optimizer steps (their
             gradients are dropped; batch-norm statistics still follow the new data).
         freeze_steps: optimizer steps with the freeze patterns' weights held still; 0 = none.
+        allow_partial: load what include / exclude select even where a pattern matches no weight of this model, or
+            where less than MIN_LOADED_SHARE (half) of its weights would load (a mistyped pattern, the
+            checkpoint of another architecture); without it such a run stops naming the patterns.
     """
 
     include: tuple[str, ...] | str = ("*",)
@@ -44,6 +48,7 @@ class FineTune:
     copy_shared_tokens: bool = False
     freeze: tuple[str, ...] | str = ("model.encoder.*",)
     freeze_steps: int = 0
+    allow_partial: bool = False
 
     def __post_init__(self):
         for name in PATTERNS:  # one pattern may be given alone: --model.finetune.exclude 'model.head.*'

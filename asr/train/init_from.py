@@ -22,7 +22,7 @@ from asr.checkpoint import load_file, missing
 from asr.settings import ConfigError, dotted
 from asr.tokenizer import Tokenizer
 from asr.tools.convert import merge
-from asr.train.finetune import FineTune
+from asr.train.finetune import MIN_LOADED_SHARE, FineTune, matches
 from asr.train.legacy import current_names
 from asr.train.module import ASRModule
 
@@ -64,6 +64,8 @@ def initialize(module: ASRModule, path: str, finetune: FineTune) -> list[str]:
             "--model.finetune.mismatched reinit to start those weights anew, or leave them out with "
             f"--model.finetune.exclude. The weights: {shapes}")
     loaded = [name for name in selected if name not in renewed and name not in mismatched]
+    if not finetune.allow_partial:
+        check_selection(own, loaded, finetune, path)
     with torch.no_grad():
         for name in loaded:
             own[name].copy_(theirs[name])
@@ -91,6 +93,23 @@ def initialize(module: ASRModule, path: str, finetune: FineTune) -> list[str]:
                      "them learnt other inputs (--model.finetune.exclude 'model.encoder.subsampling.*' starts those "
                      "anew)")
     return lines
+
+
+def check_selection(own: dict, loaded: list[str], finetune: FineTune, path: str) -> None:
+    """ConfigError naming the patterns when an include or exclude pattern matches none of this model's weights, or
+    when ``loaded`` holds less than MIN_LOADED_SHARE of them (model.finetune.allow_partial lifts both)."""
+    unmatched = [f"model.finetune.{field} {pattern!r}" for field in ("include", "exclude")
+                 for pattern in getattr(finetune, field) if not any(matches(name, (pattern,)) for name in own)]
+    if not unmatched and len(loaded) >= MIN_LOADED_SHARE * len(own):
+        return
+    groups = sorted({".".join(name.split(".")[:2]) + ".*" for name in own})
+    why = (f"{', '.join(unmatched)} {'matches' if len(unmatched) == 1 else 'match'} no weight of this model "
+           f"(its weights: {', '.join(groups)})") if unmatched else \
+        (f"it would load {len(loaded)} of this model's {len(own)} weights (model.finetune.include "
+         f"{list(finetune.include)}, exclude {list(finetune.exclude)}, mismatched {finetune.mismatched}), less than "
+         f"{MIN_LOADED_SHARE:.0%}: the patterns, or the checkpoint's settings, are not this model's")
+    raise ConfigError(f"--model.init_from {path}: {why}. Correct the pattern, or load what it selects anyway with "
+                      "--model.finetune.allow_partial true")
 
 
 def copy_shared_rows(own: dict, theirs: dict, renewed: list[str], old: Tokenizer, new: Tokenizer) -> int:

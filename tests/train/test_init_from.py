@@ -126,7 +126,10 @@ def test_another_size_is_refused_in_one_message_naming_every_weight_and_nothing_
     assert all(f"{name} (" in message for name in differing)
     assert "model.encoder.subsampling.out.weight (32, 608) -> (48, 912)" in message
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
-    lines = initialize(model, str(path), FineTune(mismatched="reinit"))  # the rest loads
+    with pytest.raises(ConfigError, match=r"it would load 1 of this model's 34 weights \(.* mismatched reinit\), less "
+                                          "than 50%.* --model.finetune.allow_partial true"):
+        initialize(model, str(path), FineTune(mismatched="reinit"))  # all but one re-initialised: scratch, in effect
+    lines = initialize(model, str(path), FineTune(mismatched="reinit", allow_partial=True))  # the rest loads
     assert lines[1].startswith("  re-initialised, another shape (model.finetune.mismatched reinit): ")
     assert same(model.model.encoder.blocks[0].attn_norm.weight, before["model.encoder.blocks.0.attn_norm.weight"])
     loaded = [name for name, value in model.state_dict().items() if name not in differing]
@@ -145,6 +148,25 @@ def test_include_and_exclude_choose_the_weights_loaded(source, char_tokenizer):
         assert same(value, (trained_model.state_dict() if chosen else initial)[name]), name
     assert lines[-1].startswith("  left as initialised (not in the checkpoint, or not selected by "
                                 "model.finetune.include / exclude): model.encoder.subsampling.conv.0.weight")
+
+
+def test_a_pattern_that_matches_no_weight_is_refused_naming_it_unless_partial_loads_are_allowed(source,
+                                                                                               char_tokenizer):
+    """A mistyped include (issue 61: '[model.enocder.*]') would load nothing and train from scratch, exit 0."""
+    _, path = source
+    model = fresh(char_tokenizer)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(ConfigError) as refused:
+        initialize(model, str(path), FineTune(include=["model.enocder.*"]))
+    assert str(refused.value) == (
+        f"--model.init_from {path}: model.finetune.include 'model.enocder.*' matches no weight of this model (its "
+        "weights: model.encoder.*, model.head.*, model.norm.*). Correct the pattern, or load what it selects anyway "
+        "with --model.finetune.allow_partial true")
+    with pytest.raises(ConfigError, match="model.finetune.exclude 'model.head' matches no weight"):
+        initialize(model, str(path), FineTune(exclude="model.head"))  # 'model.head.*' was meant: it would load all
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())  # nothing loaded
+    lines = initialize(model, str(path), FineTune(include=["model.enocder.*"], allow_partial=True))
+    assert lines[0].startswith(f"--model.init_from {path}: loaded 0 of this model's")
 
 
 def test_a_sharded_checkpoint_folder_loads_as_its_merged_file_would(source, char_tokenizer, tmp_path):

@@ -15,8 +15,8 @@ of padded audio; asr.inference.transcribe says when batching can change a transc
 whose decoded speech spans under ``--second_pass`` of it is run again with the statistics of
 that span (asr/inference/focus.py). Longer files are read and run in overlapping chunks and
 decoded from the stitched frames in bounded memory (asr/inference/longform.py).
-Word times come from CTC forced alignment snapped to the speech in the audio, confidences from
-the alignment (asr/inference/result.py); the formats are in
+Word times come from the objective's forced alignment (CTC's, or a transducer's Viterbi path) snapped to the speech
+in the audio, confidences from the alignment (asr/inference/result.py); the formats are in
 asr/inference/formats.py, where results go (stdout, ``--output``, ``--output_dir``) in asr/inference/output.py.
 
 Resuming (a folder of many hours that was interrupted: run the same command again):
@@ -56,8 +56,8 @@ import torch
 from tqdm import tqdm
 
 from asr.data import manifest as mf
-from asr.inference.acoustic import load_model
-from asr.inference.decoding import Decoder, make_decoder
+from asr.inference.acoustic import AcousticModel, load_model
+from asr.inference.decoding import Decoder
 from asr.inference.formats import FORMATS
 from asr.inference.inputs import check_all, collect, in_order
 from asr.inference.live import Printer, file_pieces, paced, pcm_pieces
@@ -66,7 +66,7 @@ from asr.inference.result import Result
 from asr.inference.streaming import ENDPOINT_SECONDS
 from asr.inference.transcribe import ON_ERROR, Transcriber, TranscriptionError  # noqa: F401  (the Python API, here too)
 from asr.scoring import score, score_line
-from asr.tokenizer import Tokenizer
+from asr.train.objectives import CTC
 
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2  # see EXIT_CODES
 EXIT_CODES = """exit codes:
@@ -103,8 +103,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--second_pass", type=float, default=own["second_pass"].default,
         help="transcribe a file again on its speech alone where the speech the first pass found spans under this "
              "share of it (non-speech around it moved the features' statistics); 0 = one pass (asr.inference.focus)")
-    add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search (asr.inference.decoding.make_decoder)")
-    add("--lm", help="KenLM model (.arpa or .bin) for beam search")
+    add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search: CTC's (asr.inference.decoding."
+        "make_decoder), a transducer's modified beam search (asr.inference.transducer)")
+    add("--lm", help="KenLM model (.arpa or .bin) for CTC's beam search")
     add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.inference.decoding's)")
     add("--word_score", type=float, default=None, help="score added per word, or per character with a character LM (default: asr.inference.decoding's)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -135,10 +136,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_decoder(args: argparse.Namespace, tokenizer: Tokenizer) -> Decoder:
-    """asr.inference.decoding.make_decoder from the flags; --lm_weight and --word_score default to its defaults."""
+def build_decoder(args: argparse.Namespace, model: AcousticModel) -> Decoder:
+    """The decoder of the model's objective from the flags (CTC's for a model without one: asr.inference.decoding.
+    make_decoder, whose defaults --lm_weight and --word_score keep; a transducer's refuses an LM)."""
     options = {k: getattr(args, k) for k in ("lm_weight", "word_score") if getattr(args, k) is not None}
-    return make_decoder(tokenizer, args.beam_size, args.lm, **options)
+    objective = getattr(model, "objective", None) or CTC()
+    return objective.decoder(model.tokenizer, args.beam_size, args.lm, **options)
 
 
 @dataclass
@@ -179,7 +182,7 @@ class Tally:
 def stream_all(args: argparse.Namespace) -> int:
     """``--stream``: one stream's partial and final lines on stdout, then its audio and real-time factor on stderr."""
     model = load_model(args.checkpoint, args.device)
-    transcriber = Transcriber(model, args.device, decoder=build_decoder(args, model.tokenizer),
+    transcriber = Transcriber(model, args.device, decoder=build_decoder(args, model),
                               min_confidence=args.min_confidence)
     session = transcriber.open_stream(args.stream_chunk, args.endpoint_seconds)
     torch.set_num_threads(1)  # a stream's steps are small: more threads only wait for each other (asr.serve's too)
@@ -203,7 +206,7 @@ def stream_all(args: argparse.Namespace) -> int:
 def transcribe_all(args: argparse.Namespace) -> int:
     """The run of ``main`` after parsing; returns the exit code (EXIT_CODES)."""
     model = load_model(args.checkpoint, args.device)
-    transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model.tokenizer),
+    transcriber = Transcriber(model, args.device, args.max_batch_seconds, build_decoder(args, model),
                               args.chunk_seconds, args.overlap_seconds, args.min_confidence, args.second_pass)
     found = collect(args.inputs)
     sink = open_sink(args.output, args.output_dir, args.format,

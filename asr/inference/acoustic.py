@@ -30,13 +30,15 @@ class AcousticModel(Protocol):
     sample_rate: int  # Hz of the audio log_probs expects
     tokenizer: Tokenizer  # output class i is tokenizer piece i; 0 is the CTC blank
     frame_seconds: float  # seconds per output frame: feature hop x subsampling
-    # and optionally ``objective`` (asr.train.objectives): how its frames become ids, word times and cut points;
-    # a model without one is CTC's (an exported model, or your own); and optionally a ``statistics`` argument of
+    # and optionally ``objective`` (asr.train.objectives.Decoding): how its frames become ids, word times and cut
+    # points; a model without one is CTC's (a CTC export, or your own); and optionally a ``statistics`` argument of
     # log_probs (CheckpointModel's, ExportedModel's), without which a second pass runs on the speech's audio alone
     # (asr.inference.focus)
 
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """audio (B, n) fp32 and lengths (B,) in samples -> log-probs (B, T', V) fp32 on the CPU, lengths (B,)."""
+        """audio (B, n) fp32 and lengths (B,) in samples -> the model's frames (B, T', *) fp32 on the CPU and lengths
+        (B,): CTC's log-probs (B, T', V), or what another objective decodes (a transducer's: asr.models.transducer).
+        The name is CTC's, kept for the models written against it."""
         ...
 
 

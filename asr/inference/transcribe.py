@@ -12,8 +12,9 @@ batching does not change a transcript, but for a model with ``model.features.qui
 line a batch's padding moves (docs/transcription.md, "No words on non-speech"). A file whose decoded speech spans
 under ``second_pass`` of it is run again with the statistics of that span (asr.inference.focus). Longer files are
 read and run in overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform).
-Word times come from CTC forced alignment snapped to the speech in the audio, confidences from the alignment
-(asr.inference.result). A streaming model (--model.encoder.streaming) also transcribes audio as it arrives:
+Word times come from the objective's forced alignment (CTC's; a transducer's Viterbi path, asr.inference.transducer)
+snapped to the speech in the audio, confidences from the alignment (asr.inference.result). A streaming model
+(--model.encoder.streaming) also transcribes audio as it arrives:
 ``stream`` and ``open_stream`` (asr.inference.streaming). A failed file gives a Result with ``error`` set, or raises TranscriptionError with
 ``on_error="stop"``. The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
 """
@@ -55,7 +56,7 @@ class Transcriber:
         model: an AcousticModel, or an ASRModule (wrapped in CheckpointModel on ``device``).
         device: where an ASRModule runs; an AcousticModel places itself.
         max_batch_seconds: padded audio per model call (short files, or chunks of a long one).
-        decoder: (log_probs (B, T', V), lengths (B,)) -> token ids per utterance; the model's objective's
+        decoder: (frames (B, T', *), lengths (B,)) -> token ids per utterance; the model's objective's
             (greedy) by default.
         chunk_seconds: files longer than this are run in overlapping chunks of it; 0 = never chunk.
         overlap_seconds: audio shared by neighbouring chunks; half of it is context on each side.

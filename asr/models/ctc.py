@@ -54,6 +54,8 @@ class CTCModel(EncoderNetwork):
         """Encoder states (B, T', d) -> CTC log-probabilities (B, T', V) in fp32."""
         return self.head(self.norm(x)).float().log_softmax(dim=-1)
 
+    frames = log_probs  # what every network names its encoder states' frames (asr.models.transducer's are others)
+
     def forward_flops(self, num_samples: torch.Tensor, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward FLOPs (2 per multiply-add) of each utterance run alone: (B,) int64 for (B,) lengths in samples.
 

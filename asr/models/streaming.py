@@ -318,6 +318,6 @@ def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: 
 
 
 def network_frames(network: nn.Module, states: torch.Tensor) -> torch.Tensor:
-    """Encoder states (B, T', d) -> the network's frames, what its objective decodes: CTCModel.log_probs (a
-    transducer's network names its projection of encoder states into the joiner's space the same)."""
-    return network.log_probs(states)
+    """Encoder states (B, T', d) -> the network's frames, what its objective decodes: ``network.frames`` (CTCModel's
+    log-probabilities, a TransducerModel's states in the joiner's space)."""
+    return network.frames(states)

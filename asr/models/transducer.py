@@ -111,8 +111,9 @@ class Joiner(nn.Module):
         self.output = nn.Linear(cfg.joint_dim, vocab_size)
 
     def forward(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-        """enc (B, T', J) and pred (B, U+1, J), both projected -> logits (B, T', U+1, V) in the autocast dtype."""
-        return self.output(torch.tanh(enc[:, :, None] + pred[:, None]))
+        """enc (B, T', J) and pred (B, U+1, J), both projected -> logits (B, T', U+1, V) in the autocast dtype (the
+        lattice's activations too: enc is cast to pred's dtype first)."""
+        return self.output(torch.tanh(enc.to(pred.dtype)[:, :, None] + pred[:, None]))
 
     def join(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """One frame each: enc (N, J) and pred (N, J) -> log-probabilities (N, V) in fp32."""
@@ -159,15 +160,19 @@ class TransducerModel(EncoderNetwork):
         if middle:
             raise ValueError("model.inter_ctc is CTC's: a transducer has no intermediate CTC")
         x, lengths = self.encode(audio, lengths, statistics=statistics)
-        x = self.norm(x)
-        enc = self.joiner.encoder_proj(x)  # (B, T', J)
-        ctc = self.head(x).float().log_softmax(-1) if self.head is not None else None  # (B, T', V)
-        frames = enc.float() if ctc is None else torch.cat([ctc, enc.float()], -1)
+        frames = self.frames(x)
         if targets is None:
             return frames, lengths
         t, u = (int(n) for n in torch.stack([lengths.max(), target_lengths.max()]).tolist())
-        logits = self.joiner(enc[:, :t], self.predictor(targets[:, :u]))  # (B, T', U+1, V)
-        return TransducerOutput(logits, lengths, frames, ctc)
+        logits = self.joiner(frames[:, :t, self.ctc_width:], self.predictor(targets[:, :u]))  # (B, T', U+1, V)
+        return TransducerOutput(logits, lengths, frames, frames[..., : self.ctc_width] if self.ctc_width else None)
+
+    def frames(self, states: torch.Tensor) -> torch.Tensor:
+        """Encoder states (B, T', d) -> frames (B, T', [V +] J) fp32: the hybrid's CTC log-probabilities, then the
+        states in the joint space (what the joiner adds to the prediction network's context)."""
+        x = self.norm(states)
+        enc = self.joiner.encoder_proj(x).float()
+        return enc if self.head is None else torch.cat([self.head(x).float().log_softmax(-1), enc], -1)
 
     def forward_flops(self, num_samples: torch.Tensor, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward FLOPs (2 per multiply-add) of each utterance run alone in training, (B,) int64: the encoder's, the

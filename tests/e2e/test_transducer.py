@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from asr.inference.transcribe import Transcriber
 from asr.train.fit import main
 from asr.train.module import ASRModule
 from tests import MINI
+from tests.decoded import own_transcripts
 from tests.e2e.test_fit import epoch_losses, fit, slice_manifest
 
 TRANSDUCER = ["--model.objective", "transducer", "--model.inter_ctc", "0", "--model.transducer.pred_dim", "32", "--model.transducer.joint_dim",
@@ -57,3 +59,14 @@ def test_resuming_a_transducer_continues_from_its_checkpoint(run, tmp_path, monk
     assert at_start["step"] == steps > 0
     assert all(torch.equal(at_start["weights"][k], v) for k, v in checkpoint["state_dict"].items())
     assert cli.trainer.current_epoch == 3 and cli.trainer.global_step == steps + steps // 2
+
+
+def test_the_checkpoint_transcribes_as_it_decodes_itself_with_word_times(run):
+    last = run / "checkpoints" / "last.ckpt"
+    paths = [MINI / "audio" / "test" / f"00000{i}.flac" for i in range(3)]
+    results = Transcriber.from_checkpoint(last, second_pass=0).transcribe_results(paths)
+    assert [r.text for r in results] == own_transcripts(last, paths)
+    for result in results:
+        times = [t for w in result.words for t in (w.start, w.end)]
+        assert times == sorted(times) and all(0 <= t <= result.duration for t in times)
+        assert all(0 < w.confidence <= 1 for w in result.words) and 0 <= result.blank_share <= 1

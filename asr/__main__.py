@@ -13,6 +13,7 @@ import sys
 COMMANDS = {
     "fit": ("asr.fit", "train a model (LightningCLI), or to a budget; plan a GPU run to GPU-hours"),
     "transcribe": ("asr.transcribe", "transcribe audio files, folders or manifests"),
+    "serve": ("asr.inference.serve", "live transcription over WebSocket (a streaming model)"),
     "average": ("asr.tools.average", "average the weights of checkpoints"),
     "export": ("asr.tools.export", "a torch.export .pt2 for serving"),
     "convert": ("asr.tools.convert", "a sharded checkpoint folder -> one .ckpt"),

@@ -13,25 +13,26 @@ from tests.tones import FRAME, ToneModel
 RATE = 16000
 
 
-def speech_and_pauses(seed: int = 0) -> torch.Tensor:
-    """(n,) 6 s: noise 1 s, silence 1 s, noise 1 s, noise at -40 dB 1 s, noise 2 s."""
-    audio = torch.randn(6 * RATE, generator=torch.Generator().manual_seed(seed)) * 0.1
-    audio[RATE: 2 * RATE] = 0.0
-    audio[3 * RATE: 4 * RATE] *= 0.01
+def speech_and_pauses(seed: int = 0, rate: int = RATE) -> torch.Tensor:
+    """(n,) 6 s at ``rate``: noise 1 s, silence 1 s, noise 1 s, noise at -40 dB 1 s, noise 2 s."""
+    audio = torch.randn(6 * rate, generator=torch.Generator().manual_seed(seed)) * 0.1
+    audio[rate: 2 * rate] = 0.0
+    audio[3 * rate: 4 * rate] *= 0.01
     return audio
 
 
-def streaming_module(tokenizer: Tokenizer, chunk: int = 2):
-    """An untrained streaming Conformer-CTC ASRModule (d_model 32, 2 blocks, 40 ms frames, chunk ``chunk`` frames,
-    6 frames of left context, global normalisation) whose blank is biased to win 60% of the frames of
-    speech_and_pauses: blank on its silence and quiet second, tokens on most of its noise."""
+def streaming_module(tokenizer: Tokenizer, chunk: int = 2, rate: int = RATE):
+    """An untrained streaming Conformer-CTC ASRModule for ``rate`` Hz (d_model 32, 2 blocks, 40 ms frames, chunk
+    ``chunk`` frames, 6 frames of left context, global normalisation) whose blank is biased to win 60% of the frames
+    of speech_and_pauses: blank on its silence and quiet second, tokens on most of its noise."""
     from asr.train.module import ASRModule  # here: Lightning only for the tests that need it
 
     torch.manual_seed(0)
     cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
                         streaming=True, chunk_frames=chunk, left_context=6)
-    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(norm="global", var_floor=0.0)).eval()
-    audio = speech_and_pauses()[None]
+    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(rate, norm="global", var_floor=0.0))
+    module.eval()
+    audio = speech_and_pauses(rate=rate)[None]
     with torch.no_grad():
         log_probs, _ = module.model(audio, torch.tensor([audio.shape[1]]))
         margin = log_probs[0, :, 1:].max(-1).values - log_probs[0, :, 0]

@@ -119,8 +119,8 @@ def chunk_frames(model: StreamingModel, chunk_seconds: float | None) -> int:
         return model.chunk_frames
     frames = chunk_seconds / model.frame_seconds
     if round(frames) < 1 or abs(frames - round(frames)) > 1e-6:
-        raise ValueError(f"--stream_chunk {chunk_seconds:g} s must be a whole number of the model's "
-                         f"{model.frame_seconds:g} s frames")
+        raise ValueError(f"a chunk of {chunk_seconds:g} s (--stream_chunk, a start message's chunk_seconds) must be "
+                         f"a whole number of the model's {model.frame_seconds:g} s frames")
     return round(frames)
 
 

@@ -1,0 +1,234 @@
+"""Live transcription over WebSocket: ``python -m asr.serve --checkpoint C [--checkpoint C8K ...]`` (asr/serve.py).
+
+    python -m asr.serve --checkpoint runs/demo-streaming/version_0/checkpoints/last.ckpt          # ws://127.0.0.1:2700
+    python -m asr.serve --checkpoint a16k.ckpt --checkpoint b8k.ckpt --host 0.0.0.0 --max_streams 16
+
+One connection is one stream, in the JSON protocol of docs/streaming-protocol.md: the client sends a start message
+(its sample rate), then its audio as binary messages of 16-bit little-endian mono PCM, then an end message; the
+server answers with a ready message, then partial and final results (asr.inference.streaming.Update.to_json) as
+they are known, and closes the connection (code 1000) after the last final. Each checkpoint must be a streaming
+model (--model.encoder.streaming); a client's rate picks the model of that rate, else one it is resampled to
+(``model_for``). Past ``max_streams`` open streams a new connection gets an error message and close code 1013 (try
+again later); a client that goes away mid-stream just ends its stream. Model steps run in a pool of threads, one
+torch thread each: the event loop only moves messages, so one slow stream does not hold up the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from asr.audio import StreamResampler
+from asr.hardware import usable_cores
+from asr.inference.streaming import ENDPOINT_SECONDS, Session
+from asr.inference.transcribe import Transcriber
+
+PORT = 2700  # the default port (Vosk's; sherpa's servers take 6006)
+START_SECONDS = 10.0  # a connection that has not sent its start message by then is closed
+MIN_RATE, MAX_RATE = 4000, 192000  # sample rates a client may stream at
+NORMAL, UNACCEPTABLE, TRY_AGAIN_LATER = 1000, 1008, 1013  # close codes (RFC 6455, IANA's 1013)
+
+
+class ProtocolError(ValueError):
+    """A client's message the protocol does not allow: sent to it as an error message, then the connection closes."""
+
+
+@dataclass
+class Stream:
+    """One connection's stream: its Session on the chosen model, and the resampler from the client's rate if any."""
+
+    session: Session
+    resampler: StreamResampler | None
+
+
+class StreamServer:
+    """Serves live transcription with one or more streaming models (``transcribers``, one per sample rate).
+
+    Args:
+        transcribers: Transcribers of streaming models, of different sample rates.
+        max_streams: streams open at once; a connection past it is refused (close code 1013).
+        workers: threads that run model steps (None: the cores this process may use).
+        chunk_seconds: audio per encoder step (None: each model's own model.encoder.chunk_frames); a start message
+            may ask for another.
+        endpoint_seconds: silence after words that ends a segment with a final (asr.inference.streaming).
+    """
+
+    def __init__(self, transcribers: list[Transcriber], max_streams: int = 8, workers: int | None = None,
+                 chunk_seconds: float | None = None, endpoint_seconds: float = ENDPOINT_SECONDS):
+        if max_streams < 1:
+            raise ValueError(f"--max_streams must be at least 1, got {max_streams}")
+        self.models: dict[int, Transcriber] = {}
+        for transcriber in transcribers:
+            if transcriber.sample_rate in self.models:
+                raise ValueError(f"two --checkpoint models take {transcriber.sample_rate} Hz: give one per rate")
+            transcriber.open_stream(chunk_seconds, endpoint_seconds)  # a model that cannot stream is refused now
+            self.models[transcriber.sample_rate] = transcriber
+        self.max_streams, self.chunk_seconds, self.endpoint_seconds = max_streams, chunk_seconds, endpoint_seconds
+        self.pool = ThreadPoolExecutor(workers or usable_cores(), thread_name_prefix="asr-serve")
+        self.active = 0  # streams open now (the event loop's own count: no lock)
+
+    def model_for(self, rate: int) -> Transcriber:
+        """The model of ``rate``; else the one of the highest rate under it (the audio is resampled down, losing
+        nothing that model hears); else the one of the lowest rate (resampled up)."""
+        if rate in self.models:
+            return self.models[rate]
+        below = [r for r in self.models if r < rate]
+        return self.models[max(below) if below else min(self.models)]
+
+    async def handle(self, connection: ServerConnection) -> None:
+        """One connection: refused past max_streams, else its stream until the end message or until it goes away."""
+        if self.active >= self.max_streams:
+            await self.refuse(connection, TRY_AGAIN_LATER, f"busy: this server holds its limit of {self.max_streams} "
+                                                           "streams; try again later")
+            return
+        self.active += 1
+        try:
+            await self.converse(connection)
+        except ProtocolError as err:
+            await self.refuse(connection, UNACCEPTABLE, str(err))
+        except ConnectionClosed:  # the client went away: its stream ends with it
+            pass
+        finally:
+            self.active -= 1
+
+    async def converse(self, connection: ServerConnection) -> None:
+        """start -> ready; audio -> partials and finals; end -> the last finals, then close (1000)."""
+        try:
+            start = await asyncio.wait_for(connection.recv(), START_SECONDS)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"no start message within {START_SECONDS:g} s") from None
+        stream, ready = self.start(start)
+        await connection.send(json.dumps(ready))
+        async for message in connection:
+            if isinstance(message, bytes):
+                await self.send(connection, await self.run(stream.session.feed, samples(message, stream.resampler)))
+                continue
+            if read_message(message).get("type") != "end":
+                raise ProtocolError("after the start message: binary audio, or {\"type\": \"end\"}")
+            if stream.resampler:
+                await self.send(connection, await self.run(stream.session.feed, stream.resampler(torch.zeros(0), True)))
+            await self.send(connection, await self.run(stream.session.finish))
+            await connection.close(NORMAL, "end of stream")
+            return
+
+    def start(self, message: str | bytes) -> tuple[Stream, dict]:
+        """The stream a start message asks for, and the ready message that answers it; ProtocolError if it cannot."""
+        start = read_message(message)
+        rate = start.get("sample_rate")
+        if start.get("type") != "start" or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
+            raise ProtocolError(f"the first message must be {{\"type\": \"start\", \"sample_rate\": HZ}} with HZ an "
+                                f"integer from {MIN_RATE} to {MAX_RATE}; got {str(message)[:200]}")
+        transcriber = self.model_for(rate)
+        try:
+            session = transcriber.open_stream(start.get("chunk_seconds", self.chunk_seconds), self.endpoint_seconds)
+        except (TypeError, ValueError) as err:
+            raise ProtocolError(str(err)) from None
+        resampler = StreamResampler(rate, transcriber.sample_rate) if rate != transcriber.sample_rate else None
+        ready = {"type": "ready", "sample_rate": rate, "model_sample_rate": transcriber.sample_rate,
+                 "chunk_seconds": round(session.chunk * session.model.frame_seconds, 6),
+                 "frame_seconds": session.model.frame_seconds}
+        return Stream(session, resampler), ready
+
+    async def run(self, function, *args):
+        """``function(*args)`` in the pool of model threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+
+    @staticmethod
+    async def send(connection: ServerConnection, updates: list) -> None:
+        for update in updates:
+            await connection.send(json.dumps(update.to_json(), ensure_ascii=False))
+
+    @staticmethod
+    async def refuse(connection: ServerConnection, code: int, message: str) -> None:
+        """An error message, then the close ``code``, to a client that may already be gone."""
+        try:
+            await connection.send(json.dumps({"type": "error", "message": message}))
+            await connection.close(code, message[:120])  # a close reason is at most 123 bytes
+        except ConnectionClosed:
+            pass
+
+    def serve(self, host: str = "127.0.0.1", port: int = PORT) -> Server:
+        """The websockets server (``async with server.serve(host, port) as ws: await ws.serve_forever()``); port 0: one
+        the system chooses (``ws.sockets[0].getsockname()[1]``)."""
+        return serve(self.handle, host, port, compression=None, max_size=2 ** 20)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def read_message(message: str | bytes) -> dict:
+    """A text message's JSON object; ProtocolError for anything else."""
+    try:
+        value = json.loads(message)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        value = None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"not a JSON object: {str(message)[:200]}")
+    return value
+
+
+def samples(message: bytes, resampler: StreamResampler | None) -> torch.Tensor:
+    """A binary message of 16-bit little-endian mono PCM -> (n,) float32 at the model's rate."""
+    if len(message) % 2:
+        raise ProtocolError(f"a binary message of {len(message)} bytes: audio is whole 16-bit samples")
+    audio = torch.from_numpy(np.frombuffer(message, "<i2").astype(np.float32) / 32768)
+    return resampler(audio) if resampler else audio
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m asr.serve", description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--checkpoint", action="append", required=True, help="a streaming model's .ckpt; once per sample rate served")
+    add("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    add("--port", type=int, default=PORT, help="port to listen on; 0 = one the system chooses (printed)")
+    add("--max_streams", type=int, default=8, help="streams served at once; a connection past them is refused (1013)")
+    add("--workers", type=int, default=None, help="threads running model steps (default: the usable cores)")
+    add("--chunk_seconds", type=float, default=None, help="audio per encoder step, a whole number of the model's "
+        "frames (default: each model's model.encoder.chunk_frames); a client's start message may ask for another")
+    add("--endpoint_seconds", type=float, default=ENDPOINT_SECONDS, help="silence after words that ends a segment")
+    add("--min_confidence", type=float, default=0.0, help="drop words under this confidence (0..1)")
+    add("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    return parser.parse_args(argv)
+
+
+async def serve_until_stopped(server: StreamServer, host: str, port: int) -> None:
+    async with server.serve(host, port) as ws:
+        address = ws.sockets[0].getsockname()
+        rates = ", ".join(f"{rate} Hz" for rate in sorted(server.models))
+        print(f"serving ws://{address[0]}:{address[1]} ({rates}; at most {server.max_streams} streams)", flush=True)
+        await ws.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m asr.serve``: serve until interrupted (Ctrl-C, SIGTERM); 2 if a checkpoint or flag cannot be used."""
+    args = parse_args(argv)
+    try:
+        transcribers = [Transcriber.from_checkpoint(Path(c), args.device, min_confidence=args.min_confidence)
+                        for c in args.checkpoint]
+        server = StreamServer(transcribers, args.max_streams, args.workers, args.chunk_seconds, args.endpoint_seconds)
+    except (OSError, ValueError) as err:
+        print(f"python -m asr.serve: error: {err}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)  # each step is small: threads of one step only wait for each other
+    try:
+        asyncio.run(serve_until_stopped(server, args.host, args.port))
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.close()
+    return 0
+
+
+def run() -> None:
+    """The command, as ``asr serve`` and ``python -m asr.serve`` run it (see asr.__main__)."""
+    sys.exit(main())

@@ -201,8 +201,10 @@ def fit_parser() -> jsonargparse.ArgumentParser:
 @cache
 def parser_options(module_name: str) -> frozenset[str]:
     """The options of the parser ``module_name``'s main builds, taken where it would parse sys.argv."""
-    if module_name == "asr.train.fit":
-        return frozenset(fit_parser()._option_string_actions)
+    if module_name in ("asr.train.fit", "asr.fit"):  # asr/fit.py hands --budget_gpu_hours to asr.study.plan
+        from asr.study import plan
+
+        return frozenset(fit_parser()._option_string_actions) | option_strings(plan.parser())
     module = importlib.import_module(module_name)
     with (mock.patch.object(argparse.ArgumentParser, "parse_args", capture),
           mock.patch.object(argparse.ArgumentParser, "parse_known_args", capture),

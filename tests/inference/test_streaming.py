@@ -136,3 +136,23 @@ def test_a_chunk_is_whole_frames_of_the_model(streaming_transcriber):
         streaming_transcriber.open_stream(chunk_seconds=0.1)
     assert streaming_transcriber.open_stream(chunk_seconds=0.16).chunk == 4
     assert streaming_transcriber.open_stream().chunk == 2  # the model's model.encoder.chunk_frames
+
+
+@pytest.mark.parametrize("objective", ["transducer", "hybrid"])
+def test_a_streaming_transducer_decodes_the_token_ids_of_the_whole_file(char_tokenizer, objective):
+    """Decoding goes through the model's objective: a streaming transducer's (and the hybrid's) stream gives the
+    token ids of greedy search over the whole file's frames at the same chunk."""
+    from asr.audio import FeatureConfig
+    from asr.models.config import EncoderConfig
+    from asr.train.module import ASRModule
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
+                        streaming=True, chunk_frames=2, left_context=6)
+    module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, objective=objective,
+                       features=FeatureConfig(norm="global", var_floor=0.0))
+    transcriber = Transcriber(CheckpointModel(module.eval()))
+    audio = speech_and_pauses()[: RATE]  # untrained, it emits model.transducer.max_symbols tokens on every frame
+    whole, lengths = transcriber.model.log_probs(audio[None], torch.tensor([len(audio)]))
+    finals = [u for u in transcriber.stream(pieces(audio, most=8000)) if u.final]
+    assert [i for u in finals for i in u.ids] == transcriber.decoder(whole, lengths)[0]

@@ -121,7 +121,6 @@ class StreamingConformerBlock(ConformerBlock):
     def __init__(self, cfg: EncoderConfig):
         super().__init__(cfg)
         self.conv = CausalConvModule(cfg)
-        self.left = cfg.left_context
         self.keys_seen = cfg.chunk_frames + cfg.left_context  # for flops: the keys a query sees at the default chunk
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -132,7 +131,9 @@ class StreamingConformerBlock(ConformerBlock):
              cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """As forward, after the frames ``cache`` holds (None: nothing before x); the mask covers the cached keys
-        first, then x's. Returns the output and the cache for the frames after x."""
+        first, then x's. Returns the output and what the cache holds with x: the keys and values of the cache's
+        frames and x's (B, H, L + T', d / H), of which the next chunk keeps the last left_context (StreamingEncoder.step),
+        and the convolution's next history."""
         keys, values, history = cache if cache is not None else (None, None, None)
         x = x + 0.5 * self.ff_first(x)
         y, keys, values = self.attend(self.attn_norm(x), mask, positions, keys, values)
@@ -140,7 +141,7 @@ class StreamingConformerBlock(ConformerBlock):
         y, history = self.conv.step(x, keep, history)
         x = x + y
         x = x + 0.5 * self.ff_last(x)
-        return self.norm(x), (keys[:, :, keys.shape[2] - self.left:], values[:, :, values.shape[2] - self.left:], history)
+        return self.norm(x), (keys, values, history)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor | None,
                values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -236,10 +237,10 @@ class StreamingEncoder(nn.Module):
         positions = state.position[:, None] + torch.arange(new, device=feats.device)  # (B, C)
         mask = cache_mask(state.position, self.cfg.left_context, new)
         keep = x.new_ones(b, new, 1)
-        keys, values, conv = [], [], []
+        keys, values, conv, left = [], [], [], self.cfg.left_context
         for i, block in enumerate(self.blocks):
             x, (k, v, c) = block.step(x, mask, keep, positions, (state.keys[i], state.values[i], state.conv[i]))
-            keys.append(k), values.append(v), conv.append(c)
+            keys.append(k[:, :, k.shape[2] - left:]), values.append(v[:, :, v.shape[2] - left:]), conv.append(c)
         return x, EncoderState(history[:, history.shape[1] - (self.factor - 1):], torch.stack(keys),
                                torch.stack(values), torch.stack(conv), state.position + new)
 

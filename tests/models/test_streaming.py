@@ -166,3 +166,18 @@ def test_a_streaming_checkpoint_keeps_its_settings_and_statistics(tmp_path, char
     loaded = ASRModule.from_checkpoint(save_checkpoint(module, tmp_path / "s.ckpt"))
     assert loaded.model.encoder.chunk == 2 and loaded.model.encoder.cfg.left_context == 6
     assert streaming.streams(loaded.model) and float(loaded.model.features.global_mean[0]) == -3.0
+
+
+def test_activation_checkpointing_leaves_a_streaming_encoders_gradients_unchanged():
+    """checkpoint_every recomputes blocks with the same chunk mask: the batch's drawn chunk is an input, not drawn
+    again in the backward pass."""
+    grads = []
+    for every in (0, 1):
+        model = streaming_model(4).train()
+        model.encoder.checkpoint_every = every
+        torch.manual_seed(5)  # the same chunk drawn
+        log_probs, lengths = model(torch.cat([noise(1.0), noise(1.0, seed=1)]), torch.tensor([16000, 11000]))
+        log_probs[0].sum().backward()
+        grads.append([p.grad.clone() for p in model.encoder.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)

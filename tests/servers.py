@@ -29,6 +29,20 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class FadingHandler(QuietHandler):
+    """Answers each path ``server.answers`` times; after that a request gets no answer (the connection stays open)
+    until the server closes (``server.closing``), as a server that stopped answering; ``server.hung`` is set then."""
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.asked[self.path] = asked = self.server.asked.get(self.path, 0) + 1
+        if asked > self.server.answers:
+            self.server.hung.set()
+            self.server.closing.wait()
+            return
+        super().do_GET()
+
+
 def self_signed(folder: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key, made here (the cryptography package): (cert.pem, key.pem)."""
     from cryptography import x509
@@ -53,13 +67,18 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def web_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def web_server(folder: Path, answers: int | None = None, hung: threading.Event | None = None
+               ) -> Iterator[tuple[str, dict[str, str]]]:
     """``folder`` served over https on localhost, with a certificate made for it, while the block runs; yields its
-    base URL and the environment a process needs to trust it (REQUESTS_CA_BUNDLE; also set in this one)."""
+    base URL and the environment a process needs to trust it (REQUESTS_CA_BUNDLE; also set in this one). With
+    ``answers``, each file is served that many times, and then no more answers come (``hung`` is set at the first
+    request left without one)."""
     with tempfile.TemporaryDirectory() as tls:
         cert, key = self_signed(Path(tls))
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                                 functools.partial(QuietHandler, directory=str(folder)))
+        handler = QuietHandler if answers is None else FadingHandler
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
+        server.answers, server.asked, server.lock = answers, {}, threading.Lock()
+        server.hung, server.closing = hung or threading.Event(), threading.Event()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         server.socket = context.wrap_socket(server.socket, server_side=True)
@@ -69,6 +88,7 @@ def web_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
             try:
                 yield f"https://127.0.0.1:{server.server_address[1]}", env
             finally:
+                server.closing.set()
                 server.shutdown()
                 server.server_close()
                 thread.join(timeout=10)

@@ -18,7 +18,6 @@ class Batch(NamedTuple):
     token_lengths: torch.Tensor  # (B,)
     texts: list[str]
     dropped: tuple[str, ...] = ()  # "SOURCE: reason" of this batch's utterances that failed to load (DataFaults)
-    lost: tuple[int, ...] = ()  # per ``dropped`` entry, the utterances it stands for (a shard given up); () = 1 each
 
 
 def collate(audio: list[torch.Tensor], tokens: list[torch.Tensor], texts: list[str]) -> Batch:

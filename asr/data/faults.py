@@ -23,60 +23,93 @@ class DataFaultError(AudioError):
     """More of a split's utterances failed to load in one pass than data.max_dropped_share allows; lists them."""
 
 
+class DataStalled(DataFaultError):
+    """A training stream could make no progress on some rank (asr.data.stream_loader): every rank raises it
+    together, with each stalled rank's reasons, and the run writes last.ckpt first (asr.train.resilience)."""
+
+
 class DataFaults:
     """One split's load failures, seen by the main process of each rank.
 
-    Each failure is named once per rank (a UserWarning) when first seen. When more than
-    ``max_share`` of the split's ``size`` utterances fail in one pass, the run stops with
-    DataFaultError listing them: one process checks after every batch (on the host: no sync).
-    Under DDP/FSDP every rank must stop together, so the pass's failures are summed over ranks
-    (one scalar all-reduce and a host read; every rank gets as many batches, so every rank enters
-    it as often) and the names gathered before all ranks raise the same error. Evaluation checks
-    after every batch; training, which must not wait for the device between logging steps
-    (asr.train.intervals), at each logging step and when the next pass starts: up to
-    trainer.log_every_n_steps steps after the share was passed, or not at all for failures after
-    the run's last logging step.
+    A failure is "SOURCE: reason" and stands for one utterance or, for a shard given up, the utterances it still
+    held. Each source counts once per pass, as the most it stood for (a stream meets a bad shard again every pass),
+    and is named once per rank (a UserWarning) when first seen. When more than ``max_share`` of the split's ``size``
+    utterances fail in one pass, the run stops with DataFaultError listing them: one process checks after every
+    batch (on the host: no sync). Under DDP/FSDP every rank must stop together, so the pass's failures are summed
+    over ranks (one all-reduce and a host read; every rank gets as many batches, so every rank enters it as often)
+    and, only when that sum passes the share, gathered by source (two ranks may meet the same shard in different
+    passes of a stream: it counts once) before all ranks raise the same error. The same all-reduce carries whether
+    a rank's stream stalled (``stalled``, set by asr.data.stream_loader): then every rank raises DataStalled.
+    Evaluation checks after every batch; training, which must not wait for the device between logging steps
+    (asr.train.intervals), at each logging step, when the next pass starts and when asked (``record``'s
+    ``agree``): up to trainer.log_every_n_steps steps after the share was passed, or not at all for failures
+    after the run's last logging step.
     """
 
     def __init__(self, split: str, size: int, max_share: float, trainer=None, listing: Path | None = None):
         self.split, self.size, self.max_share, self.trainer = split, size, max_share, trainer
         self.listing = listing  # where each failure is also appended (the run folder's bad_lines.txt)
-        self.named: set[str] = set()
-        self.in_pass: list[str] = []  # this rank's failures since the pass began
-        self.lost = 0  # the utterances they stand for
+        self.named: set[str] = set()  # sources named by this rank
+        self.in_pass: dict[str, tuple[str, int]] = {}  # source -> (failure, utterances): this rank's, this pass
         self.passes = 0  # begun in this process
+        self.stalled: str | None = None  # why this rank's stream can make no progress
+        self.gathered_at = -1  # the summed count when the ranks last gathered their failures by source
+
+    @property
+    def lost(self) -> int:
+        """The utterances this rank's failures of this pass stand for."""
+        return sum(count for _, count in self.in_pass.values())
 
     def start_pass(self) -> None:
         if self.passes and self.distributed() and self.split == "train":
             self.check()  # what the last pass dropped after its last logging step
-        self.in_pass, self.lost, self.passes = [], 0, self.passes + 1
+        self.in_pass, self.passes, self.gathered_at = {}, self.passes + 1, -1
 
-    def record(self, dropped: tuple[str, ...], lost: int | None = None) -> None:
-        """Count and name the failures of one batch (``lost`` utterances, by default one each); DataFaultError above
-        the allowed share."""
-        self.in_pass += dropped
-        self.lost += len(dropped) if lost is None else lost
-        for fault in dropped:
-            if fault not in self.named:
-                self.named.add(fault)
-                if self.listing is not None:
-                    with open(self.listing, "a") as f:
-                        f.write(f"{fault} (failed mid-run, {self.split})\n")
-                warnings.warn(self.say(
-                    f"dropped a {self.split} utterance whose audio no longer loads: {fault} ({len(self.in_pass)} "
-                    f"of {self.size} in this pass; above data.max_dropped_share={self.max_share} the run stops)"
-                ), UserWarning, stacklevel=2)
-        if not self.distributed() or self.split != "train" or host_step(self.trainer):
+    def record(self, dropped: tuple[str, ...], counts: tuple[int, ...] = (), agree: bool = False) -> None:
+        """Count the failures of one batch (``count``), and check them where the class docstring says: DataFaultError
+        above the allowed share. ``agree``: check now on every rank (each must ask at this batch)."""
+        self.count(dropped, counts)
+        if agree or not self.distributed() or self.split != "train" or host_step(self.trainer):
             self.check()
 
+    def count(self, dropped: tuple[str, ...], counts: tuple[int, ...] = ()) -> None:
+        """Count and name failures (``counts``: the utterances each stands for, by default one), without a check."""
+        for fault, count in zip(dropped, counts or (1,) * len(dropped)):
+            source = fault.split(": ", 1)[0]
+            if count > self.in_pass.get(source, ("", 0))[1]:
+                self.in_pass[source] = (fault, count)
+            if source not in self.named:
+                self.named.add(source)
+                self.name(fault)
+
+    def name(self, fault: str) -> None:
+        """Name a failure seen for the first time: a warning, and a line of the listing."""
+        if self.listing is not None:
+            with open(self.listing, "a") as f:
+                f.write(f"{fault} (failed mid-run, {self.split})\n")
+        warnings.warn(self.say(
+            f"dropped a {self.split} utterance whose audio no longer loads: {fault} ({self.lost} of {self.size} "
+            f"in this pass; above data.max_dropped_share={self.max_share} the run stops)"), UserWarning, stacklevel=4)
+
     def check(self) -> None:
-        """DataFaultError, on every rank, when more than the allowed share of the split failed in this pass;
-        with several ranks a collective that each must enter at the same point (see the class docstring)."""
-        failed = self.summed_over_ranks(self.lost)
-        if failed > self.max_share * self.size:
-            listed = "\n  ".join(self.gathered_from_ranks(self.in_pass))
+        """DataStalled when a rank's stream stalled, DataFaultError when more than the allowed share of the split
+        failed in this pass, on every rank; with several ranks a collective that each must enter at the same point
+        (see the class docstring)."""
+        failed, stalled = self.summed_over_ranks([self.lost, self.stalled is not None])
+        if stalled:
+            raise DataStalled("\n".join(self.gathered_from_ranks([self.stalled] if self.stalled else [])))
+        if failed <= self.max_share * self.size or failed == self.gathered_at:
+            return
+        merged: dict[str, tuple[str, int]] = {}
+        for part in self.gathered_from_ranks([self.in_pass]):  # a source once, however many ranks met it
+            for source, (fault, count) in part.items():
+                if count > merged.get(source, ("", 0))[1]:
+                    merged[source] = (fault, count)
+        self.gathered_at, counted = failed, sum(count for _, count in merged.values())
+        if counted > self.max_share * self.size:
+            listed = "\n  ".join(fault for fault, _ in merged.values())
             raise DataFaultError(
-                f"{failed} of {self.size} {self.split} utterances failed to load in this pass, more than "
+                f"{counted} of {self.size} {self.split} utterances failed to load in this pass, more than "
                 f"data.max_dropped_share={self.max_share} allows:\n  {listed}\n"
                 "Restore or re-check the files (python -m asr.fit checks every line at start-up), "
                 "or raise --data.max_dropped_share."
@@ -89,16 +122,18 @@ class DataFaults:
     def say(self, message: str) -> str:
         return rank_prefixed_message(message, self.trainer.global_rank) if self.distributed() else message
 
-    def summed_over_ranks(self, count: int) -> int:
+    def summed_over_ranks(self, counts: list[float]) -> list[int]:
         if not self.distributed():
-            return count
+            return [int(count) for count in counts]
         strategy = self.trainer.strategy
-        total = strategy.reduce(torch.tensor(float(count), device=strategy.root_device), reduce_op="sum")
-        return int(total.item())
+        total = strategy.reduce(torch.tensor([float(c) for c in counts], device=strategy.root_device),
+                                reduce_op="sum")
+        return [int(count) for count in total.tolist()]
 
-    def gathered_from_ranks(self, faults: list[str]) -> list[str]:
+    def gathered_from_ranks(self, items: list) -> list:
+        """Every rank's ``items``, in rank order (this rank's alone without several ranks)."""
         if not self.distributed():
-            return faults
-        gathered: list[list[str]] = [[] for _ in range(self.trainer.world_size)]
-        torch.distributed.all_gather_object(gathered, faults)
-        return [fault for rank_faults in gathered for fault in rank_faults]
+            return items
+        gathered: list[list] = [[] for _ in range(self.trainer.world_size)]
+        torch.distributed.all_gather_object(gathered, items)
+        return [item for rank_items in gathered for item in rank_items]

@@ -25,7 +25,8 @@ from asr.data.dataset import ASRDataset, AudioCache, as_collated, random_voice
 from asr.data.faults import DataFaults
 from asr.data.sampler import BucketBatchSampler, ResumableLoader
 from asr.data.shard_run import check_partition, check_shard_settings, shard_list, shards_tokenizer, stream_loader
-from asr.data.shards import ShardIndex, StreamLoader
+from asr.data.shards import ShardIndex
+from asr.data.stream_loader import StreamLoader
 from asr.data.sources import Source, source_for
 from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
@@ -71,6 +72,7 @@ class ASRDataModule(pl.LightningDataModule):
         train_shards: str | list[str] | None = None,
         train_shard_weights: list[float] | None = None,
         shard_buffer: int = 10000,
+        shard_stall_seconds: float = 600.0,
     ):
         """
         Args:
@@ -112,6 +114,10 @@ class ASRDataModule(pl.LightningDataModule):
             shard_buffer: cuts each data worker holds to bucket and shuffle shard audio (memory: this many
                 utterances' FLAC audio per worker, ~14 kB per second of 16 kHz speech: 1.4 GB at 10 s each),
                 at most the cuts of one pass over the worker's shards.
+            shard_stall_seconds: a rank that gets no training batch from its shards, and hears of no usable
+                utterance read, for this long stops the run (last.ckpt written first) naming the shards it was
+                reading and what failed; sooner when each of its data workers read a whole pass of shards without
+                one utterance. 0 = wait for ever (asr.data.stream_loader).
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
@@ -125,7 +131,7 @@ class ASRDataModule(pl.LightningDataModule):
             raise ValueError(f"data.tokenizer_vocab_size must be at least 2 (the blank and one piece), got {tokenizer_vocab_size}")
         if cache_audio_mb < 0:
             raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
-        check_shard_settings(train_shards, train_shard_weights, shard_buffer)
+        check_shard_settings(train_shards, train_shard_weights, shard_buffer, shard_stall_seconds)
         if not 0 <= max_dropped_share <= 1:
             raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
         self.save_hyperparameters()

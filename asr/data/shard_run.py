@@ -10,9 +10,10 @@ import torch
 
 from asr.data.dataset import as_collated
 from asr.data.faults import DataFaults
-from asr.data.shards import CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream, StreamLoader
+from asr.data.shards import CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream
+from asr.data.stream_loader import StreamLoader
 from asr.tokenizer import Tokenizer
-from asr.train.resilience import end_data_workers_at_exit, init_data_worker
+from asr.train.resilience import Preemption, end_data_workers_at_exit, init_data_worker
 
 
 def shard_list(train_shards: str | list[str] | None) -> list[str]:
@@ -20,13 +21,16 @@ def shard_list(train_shards: str | list[str] | None) -> list[str]:
     return [] if not train_shards else [train_shards] if isinstance(train_shards, str) else list(train_shards)
 
 
-def check_shard_settings(train_shards: str | list[str] | None, weights: list[float] | None, buffer: int) -> None:
+def check_shard_settings(train_shards: str | list[str] | None, weights: list[float] | None, buffer: int,
+                         stall_seconds: float) -> None:
     """The DataModule's shard settings, checked when it is built (ValueError naming the flag)."""
     if weights is not None and (len(weights) != len(shard_list(train_shards)) or min(weights) <= 0):
         raise ValueError(f"data.train_shard_weights must be one positive weight per data.train_shards entry, got "
                          f"{weights} for {shard_list(train_shards)}")
     if buffer < 1:
         raise ValueError(f"data.shard_buffer must be at least 1, got {buffer}")
+    if stall_seconds < 0:
+        raise ValueError(f"data.shard_stall_seconds must be >= 0 (0: wait for ever), got {stall_seconds:g}")
 
 
 def shards_tokenizer(corpora: list[ShardIndex]) -> Tokenizer:
@@ -81,7 +85,8 @@ def check_by_steps(trainer, validates: bool) -> None:
 
 def stream_loader(data) -> StreamLoader:
     """The training loader of an ``ASRDataModule`` (``data``) with data.train_shards: one ``ShardStream`` per rank,
-    its data workers each reading their own shards."""
+    its data workers each reading their own shards; it stops the run when the stream stalls
+    (data.shard_stall_seconds) and heeds the run's Preemption callback while it waits (asr.data.stream_loader)."""
     from pytorch_lightning.utilities import rank_zero_info
 
     hp, trainer = data.hparams, data.trainer
@@ -103,4 +108,6 @@ def stream_loader(data) -> StreamLoader:
     size = sum(corpus.utterances for corpus in data.corpora)
     loader.faults = data.faults.setdefault(
         "train", DataFaults("train", size, hp.max_dropped_share, trainer, data.bad_lines_file))
+    loader.stall_seconds, loader.trainer = hp.shard_stall_seconds, trainer
+    loader.preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None) if trainer else None
     return loader

@@ -13,6 +13,10 @@ buckets (from the index, so nothing is read to estimate them) and yields batches
 ``CutBatcher`` turns them into asr's ``Batch`` with the same speed perturbation, augmentation and tokens as the
 manifest path. Memory per worker is bounded by the buffer, not the corpus.
 
+What the readers meet on the way (a shard begun, a pass without a cut, a cut or shard given up, usable cuts
+flowing) they tell the main process at once through ``Notes``, not with a batch: a stream that cannot make
+progress makes no batch, and asr.data.stream_loader (the main process' side) must still see why, and stop.
+
 Training is by steps (``trainer.max_steps`` or ``max_time``, validation every ``val_check_interval`` steps): the
 stream has no end, so ranks with unequal shares never wait for each other. A resumed run does not replay what it
 read: it re-seeds the shard order and the buckets from (seed, the step it resumes at), as NeMo does for Lhotse
@@ -26,7 +30,9 @@ import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
+import queue
 import random
 import time
 import zlib
@@ -38,20 +44,21 @@ from pathlib import Path
 
 import soundfile
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from asr.audio import AudioError, check_finite, read_mono, resample
 from asr.data import manifest as mf
 from asr.data import remote
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.batch import Batch, collate
-from asr.data.faults import DataFaults
 from asr.tokenizer import Tokenizer
 
 INDEX = "index.json"  # written last by asr.shard: a folder without it is unfinished
 TOKENIZER = "tokenizer.model"
 BUCKETS = 30  # duration buckets of lhotse's DynamicBucketingSampler (its default is 10; more: less padding)
 SHARD_TRIES = 3  # reads of a shard before the rest of it is given up (named and counted)
+RETRY_SECONDS = 1.0  # the pause after a shard's first failed read; then twice as long, ...
+PROGRESS_EVERY_SECONDS = 1.0  # at most this often a reader tells the main process that usable cuts flow
 VOICES_KEPT = 32  # recent utterances a worker keeps as babble voices and as a stand-in for a batch that failed whole
 
 
@@ -175,19 +182,58 @@ def mixed_bins(corpora: list[ShardIndex], weights: list[float]) -> list[float]:
     return equal_duration_bins(durations, BUCKETS, shares)
 
 
+class Notes:
+    """What a stream's readers tell its main process as it happens (``say``), and what it has heard since it last
+    asked (``heard``, in the process that made them): ("reading", worker, address) as a shard is begun, ("pass",
+    worker, cuts) after a pass over the worker's shards with how many cuts they gave, ("fault", "SOURCE: reason",
+    utterances) for a cut or shard given up, ("progress",) while usable cuts flow to the sampler. A reader in the
+    same process (no data workers, or a test) appends to a list; one in a data worker puts on a multiprocessing
+    queue made before the workers start, whose feeder never holds a worker's exit (``cancel_join_thread``).
+    ``iteration`` counts the main process' iterations of the stream that ended (asr.data.stream_loader): a reader
+    in that process (no data workers) stops once the one it reads for has ended, though its thread was given up
+    waiting for a read."""
+
+    def __init__(self):
+        self.owner, self.local, self.iteration = os.getpid(), deque(), 0
+        self.queue = multiprocessing.get_context().Queue()
+        self.queue.cancel_join_thread()
+        self.joined_by: int | None = None  # the data worker that cancelled its own feeder's join
+
+    def say(self, *note) -> None:
+        if os.getpid() == self.owner:
+            self.local.append(note)
+            return
+        if self.joined_by != os.getpid():  # spawned workers do not inherit the cancellation
+            self.queue.cancel_join_thread()
+            self.joined_by = os.getpid()
+        self.queue.put(note)
+
+    def heard(self) -> list[tuple]:
+        """The notes said since the last call (those of data workers as far as they have arrived)."""
+        notes = []
+        while self.local:
+            notes.append(self.local.popleft())
+        while True:
+            try:
+                notes.append(self.queue.get_nowait())
+            except (queue.Empty, OSError, EOFError):
+                return notes
+
+
 class EndlessShards:
     """The cuts of one reader's shards, pass after pass: each pass shuffles all shards from (seed, pass); rank
     ``rank`` of ``world`` takes every ``world``-th from ``rank`` on, and its worker ``worker`` of ``workers`` every
     ``workers``-th of those (two levels, so ranks with different worker counts still split the corpus). lhotse's
-    LazySharIterator reads each shard's tar as a stream (``read_shard``)."""
+    LazySharIterator reads each shard's tar as a stream (``read_shard``); ``notes`` hears of each shard begun and
+    each pass with how many cuts it gave."""
 
     def __init__(self, shards: list[dict], rank: int, world: int, worker: int, workers: int, seed: str,
-                 name: str = "data.train_shards"):
+                 name: str = "data.train_shards", notes: Notes | None = None):
         if len(shards) < world * workers:
             raise ShardsError(f"{name}: {len(shards)} shards for {world * workers} readers ({world} ranks x {workers} "
                               "data workers): write smaller shards (python -m asr.shard --shard_size) or use fewer "
                               "data.num_workers")
-        self.shards, self.seed = shards, seed
+        self.shards, self.seed, self.notes = shards, seed, notes
         self.rank, self.world, self.worker, self.workers = rank, world, worker, workers
 
     def passes(self):
@@ -197,17 +243,27 @@ class EndlessShards:
             yield order[self.rank::self.world][self.worker::self.workers]
 
     def __iter__(self):
+        iteration = self.notes.iteration if self.notes else 0
         for mine in self.passes():
+            read = 0
             for shard in mine:
-                yield from read_shard(shard)
+                if self.notes:
+                    self.notes.say("reading", self.worker, shard["recording"])
+                for cut in read_shard(shard):
+                    if self.notes and self.notes.iteration != iteration:  # the loader it read for has ended
+                        return
+                    read += "problem" not in (cut.custom or {})
+                    yield cut
+            if self.notes:
+                self.notes.say("pass", self.worker, read)
 
 
 def read_shard(shard: dict, tries: int = SHARD_TRIES):
     """One shard's cuts (lhotse's LazySharIterator streams its tar). A read that fails (the network, a corrupt or cut
-    tar) is tried again from where it stopped, after 1, 2, ... s; after ``tries`` the rest of the shard is given up
-    and one cut without audio names it and the utterances lost, so that they are counted (asr.data.faults) instead
-    of the run dying in a data worker. A tar that ends early at a file boundary reads without an error: the
-    count the index holds tells."""
+    tar) is tried again from where it stopped, after RETRY_SECONDS, twice that, ...; after ``tries`` the rest of the
+    shard is given up and one cut without audio names it and the utterances lost, so that they are counted
+    (asr.data.faults) instead of the run dying in a data worker, and a mixture of corpora moves on to the next draw.
+    A tar that ends early at a file boundary reads without an error: the count the index holds tells."""
     from lhotse import MonoCut
     from lhotse.shar import LazySharIterator
 
@@ -226,7 +282,7 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
         except Exception as err:  # noqa: BLE001 - tarfile's, gzip's, smart_open's and botocore's errors alike
             failure = remote.failure(err)
         if attempt < tries:
-            time.sleep(attempt)
+            time.sleep(RETRY_SECONDS * 2 ** (attempt - 1))
     lost = max(1, expected - done)
     yield MonoCut(id=f"unreadable-{zlib.crc32(shard['recording'].encode())}", start=0.0, duration=0.0, channel=0,
                   custom={"source": shard["recording"], "lost": lost,
@@ -248,13 +304,15 @@ class CutBatcher:
     is asr.data.module's check), and gives the cut its duration at that speed, so that buckets hold utterances of
     similar played length (as asr.data.sampler draws speeds before sorting). ``__call__`` (on the sampler's
     batches) decodes, plays at that speed and augments. A cut that cannot be used is dropped from its batch and
-    named in ``Batch.dropped`` (asr.data.faults counts it), never lost silently."""
+    named, never lost silently: in ``notes`` (``usable``) before the sampler, in ``Batch.dropped`` after it
+    (asr.data.faults counts both). ``notes`` also hears, now and then, that usable cuts flow."""
 
     def __init__(self, tokenizer: Tokenizer, sample_rate: int, speeds: tuple[float, ...],
                  augmentation: Augmentation, unusable: Callable[[mf.Utterance, list[int], float], mf.Problem | None]):
         self.tokenizer, self.sample_rate, self.speeds = tokenizer, sample_rate, sorted(speeds)
         self.unusable, self.fastest = unusable, augmentation.fastest  # tempo may play it faster still
-        self.pending: list[tuple[str, int]] = []  # (fault, utterances it stands for) not yet in a batch
+        self.notes: Notes | None = None  # set by the ShardStream that batches with it
+        self.said_progress = 0.0  # time.monotonic() of the last progress note
         self.recent: deque[tuple[torch.Tensor, list[int], str]] = deque(maxlen=VOICES_KEPT)
         self.augmenter = Augmenter(augmentation, sample_rate, self.voice) if augmentation.on else None
 
@@ -280,17 +338,20 @@ class CutBatcher:
         return fastcopy(cut, custom={"source": source, "problem": f"{problem.kind}: {problem.detail}"})
 
     def usable(self, cut) -> bool:
-        """Whether a prepared cut goes on to the sampler; one that does not is named in the next batch's ``dropped``
-        (with how many utterances it stands for), so it never fills a bucket nor a batch of its own."""
+        """Whether a prepared cut goes on to the sampler; one that does not is named in ``notes`` (with how many
+        utterances it stands for), so it never fills a bucket nor a batch of its own."""
         told = cut.custom
         if "problem" in told:
-            self.pending.append((f"{told['source']}: {told['problem']}", told.get("lost", 1)))
+            if self.notes:
+                self.notes.say("fault", f"{told['source']}: {told['problem']}", told.get("lost", 1))
             return False
+        if self.notes and time.monotonic() - self.said_progress >= PROGRESS_EVERY_SECONDS:
+            self.notes.say("progress")
+            self.said_progress = time.monotonic()
         return True
 
     def __call__(self, cuts) -> Batch:
         audio, tokens, texts, dropped = [], [], [], []
-        faults, self.pending = self.pending, []
         for cut in cuts:
             told = cut.custom
             try:
@@ -312,27 +373,27 @@ class CutBatcher:
             audio, tokens, texts = [wave], [torch.tensor(ids, dtype=torch.long)], [text]
         if not audio:
             raise AudioError("no utterance of the first batch from the shards could be used:\n  " + "\n  ".join(dropped))
-        faults += [(fault, 1) for fault in dropped]
-        return collate(audio, tokens, texts)._replace(dropped=tuple(f for f, _ in faults),
-                                                      lost=tuple(n for _, n in faults))
+        return collate(audio, tokens, texts)._replace(dropped=tuple(dropped))
 
 
 class ShardStream(IterableDataset):
     """Endless training batches from the shards of ``corpora`` (mixed by ``weights``) for rank ``rank`` of
-    ``world``: see the module's doc. ``start`` (the step the run starts at) re-seeds a resumed run."""
+    ``world``: see the module's doc. ``start`` (the step the run starts at) re-seeds a resumed run. Its readers
+    tell ``notes`` what they meet (made here, before any data worker starts)."""
 
     def __init__(self, corpora: list[ShardIndex], weights: list[float], batcher: CutBatcher, max_batch_seconds: float,
                  seed: int, rank: int, world: int, buffer: int, start: int = 0):
         self.corpora, self.weights, self.batcher = corpora, weights, batcher
         self.max_batch_seconds, self.buffer = max_batch_seconds, buffer
         self.seed, self.rank, self.world, self.start = seed, rank, world, start
+        self.notes = batcher.notes = Notes()
 
     def cuts(self, worker: int, workers: int):
         from lhotse import CutSet
 
         seed = f"{self.seed}-{self.start}"
-        streams = [CutSet(EndlessShards(c.shards, self.rank, self.world, worker, workers, f"{seed}-{i}", c.root))
-                   for i, c in enumerate(self.corpora)]
+        streams = [CutSet(EndlessShards(c.shards, self.rank, self.world, worker, workers, f"{seed}-{i}", c.root,
+                                        self.notes)) for i, c in enumerate(self.corpora)]
         cuts = streams[0] if len(streams) == 1 else CutSet.mux(
             *streams, weights=self.weights, seed=zlib.crc32(f"{seed}-{self.rank}-{worker}-mux".encode()))
         return cuts.map(self.batcher.prepare).filter(self.batcher.usable)
@@ -359,23 +420,3 @@ class ShardStream(IterableDataset):
             world_size=1, rank=0)
         for cuts in sampler:
             yield self.batcher(cuts)
-
-
-class StreamLoader(DataLoader):
-    """The DataLoader of a ``ShardStream``. Each batch's dropped utterances are counted in ``faults``, each source
-    once in the whole run (a stream passes over its bad ones again and again), as many as each stands for (a shard
-    given up counts its lost utterances): the share is of the corpus, over the run."""
-
-    faults: DataFaults | None = None
-
-    def __iter__(self):
-        seen: set[str] = set()
-        if self.faults:
-            self.faults.start_pass()
-        for batch in super().__iter__():
-            if self.faults:
-                new = [(fault, count) for fault, count in zip(batch.dropped, batch.lost or (1,) * len(batch.dropped))
-                       if fault.split(": ", 1)[0] not in seen]
-                seen.update(fault.split(": ", 1)[0] for fault, _ in new)
-                self.faults.record(tuple(f for f, _ in new), sum(c for _, c in new))  # ranks sum at logging steps
-            yield batch

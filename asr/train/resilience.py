@@ -8,6 +8,9 @@
   optimizer step (one process: the current one; several: the next logging step), write ``last.ckpt`` once
   (weights, optimizer, schedule, loop and sampler position) and exit, with status 0 (130 after Ctrl-C, as an
   interrupted command). Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
+  A shard stream that waits for a batch heeds the signal too (asr.data.stream_loader), and a run that its data
+  stops (asr.data.faults.DataFaultError: too many failures, or a stream that stalled) writes ``last.ckpt`` first
+  where it trained.
 - ``last_checkpoints``: what ``--ckpt_path last`` resumes from, the run folder's last*.ckpt, newest first.
 - ``FitLoop`` (asr.fit's Trainer uses it): a run resumed from a checkpoint written at an epoch's end starts
   the next epoch, with ``max_steps`` set too.
@@ -41,6 +44,7 @@ from pytorch_lightning.loops.loop import _Loop
 from pytorch_lightning.utilities import rank_zero_info
 
 from asr.atomic import write_atomically
+from asr.data.faults import DataFaultError
 from asr.train.intervals import host_step
 
 # Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
@@ -105,6 +109,7 @@ class Preemption(pl.Callback):
         self.received: str | None = None
         self._previous: dict = {}
         self._step = -1
+        self._started = 0  # the global step this process's training started at
         self._loop = None  # the epoch loop whose per-batch SIGTERM broadcast is off while the handlers are ours
 
     def _handle(self, signum: int, frame) -> None:
@@ -117,6 +122,7 @@ class Preemption(pl.Callback):
         # after Lightning registered its handlers (Trainer._run), so ours replace them during training;
         # a SIGTERM that Lightning's handler took while the checkpoint and loaders were being set up counts
         self.received, self._step = ("SIGTERM" if trainer.received_sigterm else None), trainer.global_step
+        self._started = trainer.global_step
         self._previous = {s: signal.signal(s, self._handle) for s in PREEMPTION_SIGNALS}
         self._loop = trainer.fit_loop.epoch_loop
         self._loop._broadcast_sigterm_tensor = lambda: None  # its flag is set by Lightning's handler, now replaced
@@ -140,7 +146,14 @@ class Preemption(pl.Callback):
             trainer.save_checkpoint(last_checkpoint_path(trainer))  # every rank: FSDP writes its shard (or gathers for rank 0)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """Also write ``last.ckpt`` where the run trained when its data stops it (every rank raises DataFaultError
+        at the same point), so that it resumes once the data is mended."""
         self._restore()
+        if isinstance(exception, DataFaultError) and trainer.global_step > self._started:
+            path = last_checkpoint_path(trainer)
+            trainer.save_checkpoint(path)  # every rank, as they all stop here
+            rank_zero_info(f"wrote {path} at step {trainer.global_step} before stopping: once the data is mended, "
+                           "resume with the same command and --ckpt_path last")
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
@@ -148,13 +161,20 @@ class Preemption(pl.Callback):
             return
         self._step = trainer.global_step
         if self.signalled(trainer):
-            path = last_checkpoint_path(trainer)
+            self.stop(trainer)
+
+    def stop(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` where this process trained, requeue under SLURM after SIGUSR1, raise Preempted. Every
+        rank calls it at the same step; asr.data.stream_loader calls it too, where one process waits for data."""
+        path, trained = last_checkpoint_path(trainer), trainer.global_step > self._started
+        if trained:
             trainer.save_checkpoint(path)  # every rank: FSDP writes its shard (or gathers for rank 0)
-            signalled = self.received or "a signal on another rank"
-            if self.received == "SIGUSR1" and trainer.is_global_zero:
-                requeue_slurm_job()
-            raise Preempted(f"{signalled}: stopped after step {trainer.global_step} and wrote {path}; "
-                            "resume with the same command and --ckpt_path last", self.received)
+        signalled = self.received or "a signal on another rank"
+        if self.received == "SIGUSR1" and trainer.is_global_zero:
+            requeue_slurm_job()
+        done = f"stopped after step {trainer.global_step} and wrote {path}" if trained else \
+            f"stopped at step {trainer.global_step}, before this run trained a step: nothing new to write"
+        raise Preempted(f"{signalled}: {done}; resume with the same command and --ckpt_path last", self.received)
 
     def signalled(self, trainer: pl.Trainer) -> bool:
         """Whether any rank was signalled: this process's flag, or, with several ranks, their sum at a logging

@@ -10,7 +10,7 @@ import pytorch_lightning as pl
 import soundfile
 import torch
 
-from asr.data.faults import DataFaultError
+from asr.data.faults import DataFaultError, DataFaults
 from asr.data.dataset import random_voice
 from tests import REPO
 from tests.data.test_module import datamodule, validated_epochs
@@ -85,7 +85,7 @@ def test_a_training_file_deleted_after_setup_is_named_once_and_counted_in_a_work
     assert sorted(texts) == sorted(2 * [r["text"] for r in corpus.train_rows[1:]])
     named = [str(w.message) for w in recwarn if "no longer loads" in str(w.message)]
     assert len(named) == 1 and f"{corpus.train}:1: " in named[0] and "1 of 5 in this pass" in named[0]
-    assert dm.faults["train"].in_pass == [dm.faults["train"].in_pass[0]]  # counted again in the second pass
+    assert len(dm.faults["train"].in_pass) == 1 and dm.faults["train"].lost == 1  # counted again in the second pass
 
 
 def test_a_share_of_broken_files_above_the_default_stops_with_the_list(corpus):
@@ -96,6 +96,29 @@ def test_a_share_of_broken_files_above_the_default_stops_with_the_list(corpus):
     with pytest.raises(DataFaultError, match=r"failed to load in this pass.*max_dropped_share=0\.01") as err:
         broken_epochs(dm, 1)
     assert "a.flac" in str(err.value) or "d.flac" in str(err.value)
+
+
+def test_a_source_that_several_ranks_meet_counts_once_as_the_most_it_stood_for(monkeypatch):
+    """A stream's shard is read by rank 0 in one pass and by rank 1 in another (issue 61: one truncated shard of 20
+    stopped a run saying "22 of 60", listed twice). Rank 1's failures are given; the ranks gather them only when
+    their sum passes the share."""
+    shard = "/s/recording.000001.tar"
+    theirs = {shard: (f"{shard}: shard unreadable after 3 tries, its last 12 utterances skipped", 12)}
+    gathers = []
+    monkeypatch.setattr(DataFaults, "distributed", lambda faults: True)
+    monkeypatch.setattr(DataFaults, "summed_over_ranks",
+                        lambda faults, counts: [counts[0] + 12, counts[1]])
+    monkeypatch.setattr(DataFaults, "gathered_from_ranks", lambda faults, items: gathers.append(1) or [*items, theirs])
+    faults = DataFaults("train", 60, max_share=0.3, trainer=type("Trainer", (), {"global_rank": 0, "world_size": 2})())
+    faults.record((f"{shard}: shard unreadable after 3 tries, its last 10 utterances skipped",), (10,), agree=True)
+    faults.record((), agree=True)  # 10 + 12 summed is above 18, but it is one shard: 12, and gathered once
+    assert len(gathers) == 1
+    with pytest.raises(DataFaultError) as stopped:
+        faults.record(("/s/recording.000002.tar: shard unreadable after 3 tries, its last 20 utterances skipped",),
+                      (20,), agree=True)
+    message = str(stopped.value)
+    assert message.startswith("32 of 60 train utterances failed to load in this pass") and message.count(shard) == 1
+    assert f"{shard}: shard unreadable after 3 tries, its last 12 utterances skipped" in message
 
 
 class DeleteAfterFirstEpoch(pl.Callback):

@@ -202,7 +202,7 @@ def test_a_text_too_long_for_its_audio_is_dropped_by_name_not_silently(shards):
     stream = ShardStream([index], [1.0], batcher(index, unusable=unusable), 8.0, 0, 0, 1, 100)
     batches = list(itertools.islice(stream, 30))
     assert not any(t.startswith(refuse) for b in batches for t in b.texts)
-    dropped = [d for b in batches for d in b.dropped]
+    dropped = [note[1] for note in stream.notes.heard() if note[0] == "fault"]
     assert dropped and all("train.jsonl:" in d and "too short for its transcript" in d for d in dropped)
 
 
@@ -231,12 +231,15 @@ def test_non_speech_augmentation_applies_as_in_the_manifest_path(shards):
     assert any(t != "" for b in batches for t in b.texts)
 
 
-def test_a_bad_utterance_counts_once_over_many_passes_and_a_lost_shard_as_its_utterances(shards, tmp_path):
+def test_a_bad_utterance_counts_once_over_many_passes_and_a_lost_shard_as_its_utterances(shards, tmp_path,
+                                                                                         monkeypatch):
     import shutil
     import tarfile
 
+    from asr.data import shards as module
     from asr.data.faults import DataFaults
-    from asr.data.shards import StreamLoader
+    from asr.data.stream_loader import StreamLoader
+    monkeypatch.setattr(module, "RETRY_SECONDS", 0.0)
     broken = tmp_path / "broken"
     shutil.copytree(shards, broken)
     tar = broken / "recording.000002.tar"  # ends cleanly after 4 of its 10 utterances: no read error at all
@@ -253,11 +256,13 @@ def test_a_bad_utterance_counts_once_over_many_passes_and_a_lost_shard_as_its_ut
     loader = StreamLoader(ShardStream([index], [1.0], batcher(index, unusable=unusable), 8.0, 0, 0, 1, 20),
                           batch_size=None)
     loader.faults = DataFaults("train", 60, max_share=0.5)
-    batches = list(itertools.islice(loader, 60))  # several passes over the 60
-    dropped = [d for b in batches for d in b.dropped]
-    assert sum("too short for its transcript" in d for d in dropped) >= 2  # named every pass, counted once
-    assert sum(f"{tar}: shard unreadable after 3 tries, its last 6 utterances skipped" in d for d in dropped) >= 1
-    assert loader.faults.lost == 1 + 6
+    with pytest.warns(UserWarning, match="no longer loads") as named:
+        list(itertools.islice(loader, 60))  # several passes over the 60: each meets both again
+    assert loader.faults.passes == 1 and loader.faults.lost == 1 + 6
+    counted = sorted(loader.faults.in_pass.values(), key=lambda item: item[1])
+    assert [count for _, count in counted] == [1, 6] and "too short for its transcript" in counted[0][0]
+    assert counted[1][0].startswith(f"{tar}: shard unreadable after 3 tries, its last 6 utterances skipped")
+    assert len([w for w in named if "no longer loads" in str(w.message)]) == 2  # each named once
 
 
 def test_equal_duration_bins_give_each_bucket_the_same_seconds():
@@ -319,8 +324,8 @@ def test_a_shard_that_breaks_mid_read_is_named_and_the_stream_goes_on(shards, tm
     assert 0 < len(cuts) - 1 < 10 and "shard unreadable after 2 tries" in cuts[-1].custom["problem"]
     stream = ShardStream([index], [1.0], batcher(index), 8.0, 0, 0, 1, 10)
     batches = list(itertools.islice(stream, 40))
-    dropped = {d for b in batches for d in b.dropped}
-    assert any(d.startswith(f"{tar}: shard unreadable after 3 tries") for d in dropped)
+    said = [note[1] for note in stream.notes.heard() if note[0] == "fault"]
+    assert said and all(d.startswith(f"{tar}: shard unreadable after 3 tries, its last ") for d in said)
     assert len({t for b in batches for t in b.texts}) > 20  # the other shards streamed on
 
 
@@ -328,6 +333,7 @@ def test_a_shard_that_breaks_mid_read_is_named_and_the_stream_goes_on(shards, tm
     ({"train_shards": ["a", "b"], "train_shard_weights": [1.0]}, "one positive weight per data.train_shards entry"),
     ({"train_shards": "a", "train_shard_weights": [0.0]}, "one positive weight per data.train_shards entry"),
     ({"train_shards": "a", "shard_buffer": 0}, "data.shard_buffer must be at least 1"),
+    ({"train_shards": "a", "shard_stall_seconds": -1.0}, r"data.shard_stall_seconds must be >= 0 \(0: wait for ever\)"),
 ])
 def test_shard_settings_out_of_range_are_refused_by_name(settings, message):
     from asr.data.module import ASRDataModule

@@ -27,9 +27,10 @@ from functools import partial
 import torch
 
 from asr.inference.decoding import Decoder
-from asr.inference.longform import blank_cut, longest_run_middle
-from asr.inference.result import Span, blank_frames
 from asr.tokenizer import BLANK_ID, Tokenizer
+
+# asr.inference.result and longform (word times, cut points) are imported where they are used: an exported model's
+# decoding (asr.tools.export.load) runs without torchaudio and the feature code they import
 
 Predict = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 Join = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -142,9 +143,11 @@ class TransducerDecoding:
                 for j, (i, token, score) in enumerate(zip(rows.tolist(), tokens.tolist(), best.values.tolist()))}
 
     @torch.no_grad()
-    def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
+    def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list:
         """The Viterbi path of ``ids`` on one utterance's frames (T', [V +] J): per token, the frame it is emitted on
-        (counted from ``first_frame``) and its posterior there."""
+        (counted from ``first_frame``) and its posterior there: asr.inference.result.Span's."""
+        from asr.inference.result import Span
+
         if not ids or not len(frames):
             return []
         blank, emit = self.lattice(self.encoded(frames), ids)  # (T', U+1), (T', U)
@@ -190,6 +193,8 @@ class TransducerDecoding:
     @torch.no_grad()
     def silent_frames(self, frames: torch.Tensor) -> int:
         """Frames on which nothing is emitted: greedy search's, or the hybrid's CTC blanks."""
+        from asr.inference.result import blank_frames
+
         if self.ctc_width:
             return blank_frames(frames[:, : self.ctc_width])
         _, at = self.greedy(frames[None], torch.tensor([len(frames)]))[0]
@@ -199,6 +204,8 @@ class TransducerDecoding:
     def cut(self, frames: torch.Tensor, lo: int, hi: int) -> int:
         """A frame in [lo, hi) to cut at: the middle of the longest run of frames on which greedy search (of the
         frames up to ``hi``) emits nothing, else of [lo, hi); a hybrid's CTC blanks (asr.inference.longform)."""
+        from asr.inference.longform import blank_cut, longest_run_middle
+
         if self.ctc_width:
             return blank_cut(frames[:, : self.ctc_width], lo, hi)
         hi = min(hi, len(frames))

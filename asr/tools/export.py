@@ -4,8 +4,12 @@
     python -m asr.transcribe --checkpoint model.pt2 data/mini/test.jsonl
 
 The file is a ``torch.export`` program (ATen graph plus weights; ``load`` imports nothing from
-``asr.models.ctc`` and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode: the
-feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head.
+``asr.models`` and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode: the
+feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head. A transducer's file
+(model.objective transducer or hybrid) holds three: the network to its frames (the encoder's states in the joint space,
+after the hybrid's CTC log-probs), the prediction network's one-token step and the joiner of one lattice point, which
+asr.inference.transducer decodes with; ``asr.json``'s format names the objective (``asr-ctc-export``,
+``asr-transducer-export``, ``asr-hybrid-export``).
 Batch size and audio length are dynamic. Its inputs are the audio, the lengths and, since format version 2, the
 samples whose frames give each utterance's normalisation statistics (the second pass of asr.inference.focus);
 files of version 1 (audio and lengths only) still load, and their second pass runs on the speech's audio alone.
@@ -17,12 +21,14 @@ seconds per output frame, ...) and the sentencepiece model (``tokenizer.model.b6
     log_probs, out_lengths = model.log_probs(audio, lengths)   # (B, N) samples -> (B, T', V), (B,)
     log_probs, out_lengths = model.log_probs(audio, lengths, statistics)  # statistics from samples (B, 2) [start, end)
     texts = [model.tokenizer.decode(ids) for ids in asr.inference.decoding.greedy(log_probs, out_lengths)]
+    # a transducer's file: model.objective decodes its frames (model.objective.decode(log_probs, out_lengths))
 
 Why torch.export and not TorchScript: torch 2.14 deprecates ``torch.jit.script``/``trace``
 (FutureWarning), and tracing would freeze the batch's lengths into the graph. Why not ONNX:
 it would add onnx/onnxruntime as dependencies. The export ends with a parity check (exported
 vs checkpoint log-probs and greedy transcripts on batches of other sizes and lengths than
-the example it was traced with) and fails, writing nothing, if they differ.
+the example it was traced with; a transducer's frames, prediction network and joiner) and fails, writing nothing, if
+they differ.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ from asr.checkpoint import precious
 from asr.inference.decoding import greedy
 from asr.tokenizer import BLANK_ID, Tokenizer
 
-FORMAT = "asr-ctc-export"  # asr.json's "format": what is_exported looks for
-FORMAT_VERSION = 2  # 2: the graph takes ``statistics``; 1 (audio and lengths only) is still read
+FORMAT = "asr-ctc-export"  # asr.json's "format" of a CTC model
+FORMATS = {"ctc": FORMAT, "transducer": "asr-transducer-export", "hybrid": "asr-hybrid-export"}  # model.objective's
+FORMAT_VERSION = 2  # 2: the graph takes ``statistics``; 1 (audio and lengths only, CTC's only) is still read
 READS = (1, FORMAT_VERSION)
 METADATA_FILE = "asr.json"
 TOKENIZER_FILE = "tokenizer.model.b64"
@@ -70,12 +77,13 @@ class ExportedModel:
     frame_seconds: float  # seconds of audio per output frame (feature hop x subsampling)
     min_samples: int  # narrower batches are zero-padded to this width (the graph's lower bound)
     device: torch.device
+    objective: object = None  # a transducer's decoding (asr.inference.transducer); None: CTC's (the Transcriber's)
 
     @torch.inference_mode()
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, N) float samples at ``sample_rate``, lengths (B,) in samples ->
-        log_probs (B, T', V) fp32 and out_lengths (B,) in output frames. ``statistics`` (B, 2): the samples
+        log_probs (B, T', V) fp32 (a transducer's frames, (B, T', [V +] J)) and out_lengths (B,) in output frames. ``statistics`` (B, 2): the samples
         [start, end) whose frames alone give each utterance's feature statistics; None: all of its samples.
 
         Frames at or past ``out_lengths[b]`` are padding: their values mean nothing, and T'
@@ -112,23 +120,46 @@ def is_exported(path: str | Path) -> bool:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> ExportedModel:
-    """Read a file written by ``python -m asr.export``; imports nothing from asr.models.ctc."""
+    """Read a file written by ``python -m asr.export``; imports nothing from asr.models."""
+    from torch.export.pt2_archive._package import load_pt2  # what torch.export.load reads a file with
+
     if not is_exported(path):
         raise ValueError(f"{path} is not a file written by python -m asr.export (no {METADATA_FILE} inside)")
     refuse_pickled_code(path)
-    extra = {METADATA_FILE: "", TOKENIZER_FILE: ""}
     with open(path, "rb") as f:  # a file object: by name, torch.export.load wants a .pt2 suffix
-        program = torch.export.load(f, extra_files=extra)
-    meta = json.loads(extra[METADATA_FILE])
-    if meta.get("format") != FORMAT or meta.get("version") not in READS:
-        raise ValueError(f"{path}: format {meta.get('format')} version {meta.get('version')}; this asr reads "
-                         f"{FORMAT} versions {', '.join(map(str, READS))}: export the checkpoint again")
+        contents = load_pt2(f)
+    meta = json.loads(contents.extra_files[METADATA_FILE])
+    objective = objective_of(meta, path)
     device = torch.device(device)
-    if device.type != "cpu":
-        program = torch.export.passes.move_to_device_pass(program, device)
-    tokenizer = Tokenizer(base64.b64decode(extra[TOKENIZER_FILE]))
+    programs = {name: torch.export.passes.move_to_device_pass(program, device) if device.type != "cpu" else program
+                for name, program in contents.exported_programs.items()}
+    tokenizer = Tokenizer(base64.b64decode(contents.extra_files[TOKENIZER_FILE]))
     kind = ExportedModel if meta["version"] == FORMAT_VERSION else ExportedModelV1
-    return kind(program.module(), meta["sample_rate"], tokenizer, meta["frame_seconds"], meta["min_samples"], device)
+    model = kind(programs["model"].module(), meta["sample_rate"], tokenizer, meta["frame_seconds"],
+                 meta["min_samples"], device)
+    if objective != "ctc":
+        model.objective = transducer_decoding(programs, meta["decoder"], device)
+    return model
+
+
+def objective_of(meta: dict, path: str | Path) -> str:
+    """The objective (a key of FORMATS) of a file's asr.json; ValueError naming the file if this asr cannot read it."""
+    objective = next((name for name, fmt in FORMATS.items() if fmt == meta.get("format")), None)
+    versions = READS if objective == "ctc" else (FORMAT_VERSION,)
+    if objective is None or meta.get("version") not in versions:
+        others = ", ".join(fmt for fmt in FORMATS.values() if fmt != FORMAT)
+        raise ValueError(f"{path}: format {meta.get('format')} version {meta.get('version')}; this asr reads "
+                         f"{FORMAT} versions {', '.join(map(str, READS))} and {others} version {FORMAT_VERSION}: "
+                         "export the checkpoint again")
+    return objective
+
+
+def transducer_decoding(programs: dict, decoder: dict, device: torch.device):
+    """asr.inference.transducer's decoding of an exported transducer's prediction network and joiner graphs."""
+    from asr.inference.transducer import TransducerDecoding
+
+    return TransducerDecoding(programs["predictor"].module(), programs["joiner"].module(), tuple(decoder["state_shape"]),
+                              decoder["ctc_width"], decoder["max_symbols"], decoder["beam_size"], device=lambda: device)
 
 
 def refuse_pickled_code(path: str | Path) -> None:
@@ -152,7 +183,7 @@ def refuse_pickled_code(path: str | Path) -> None:
 
 
 class Serving(nn.Module):
-    """The graph's signature: a CTCModel whose ``statistics`` is an input like the audio and lengths."""
+    """The graph's signature: a network whose ``statistics`` is an input like the audio and lengths."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -164,7 +195,7 @@ class Serving(nn.Module):
 
 
 def serving_model(model: nn.Module) -> nn.Module:
-    """A fp32, eval-mode copy of a CTCModel (the original is untouched), as the graph's signature."""
+    """A fp32, eval-mode copy of a network (the original is untouched), as the graph's signature."""
     import copy
 
     return Serving(copy.deepcopy(model).float().eval())
@@ -191,6 +222,49 @@ def export_program(model: nn.Module, sample_rate: int) -> torch.export.ExportedP
                                    dynamic_shapes=({0: dynamic, 1: dynamic}, {0: dynamic}, {0: dynamic}))
 
 
+class PredictorStep(nn.Module):
+    """The prediction network's graph: one token more for N sequences (asr.models.transducer.Predictor.step)."""
+
+    def __init__(self, predictor: nn.Module):
+        super().__init__()
+        self.predictor = predictor
+
+    def forward(self, tokens: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.predictor.step(tokens, h, c)
+
+
+class JoinerPoint(nn.Module):
+    """The joiner's graph: log-probabilities of N lattice points (asr.models.transducer.Joiner.join)."""
+
+    def __init__(self, joiner: nn.Module):
+        super().__init__()
+        self.joiner = joiner
+
+    def forward(self, enc: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return self.joiner.join(enc, context)
+
+
+def decoder_programs(model: nn.Module) -> dict[str, torch.export.ExportedProgram]:
+    """A transducer network's (fp32, eval) prediction network step and joiner as graphs of a dynamic batch."""
+    dynamic = torch.export.Dim.DYNAMIC
+    lstm, joint = model.predictor.lstm, model.joiner.output.in_features
+    state = torch.zeros(lstm.num_layers, 2, lstm.hidden_size)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The tensor attributes .*lstm._flat_weights")  # nn.LSTM's own, harmless
+        return {"predictor": torch.export.export(PredictorStep(model.predictor), (torch.tensor([BLANK_ID, 1]), state,
+                                                 state.clone()), strict=False,
+                                                 dynamic_shapes=({0: dynamic}, {1: dynamic}, {1: dynamic})),
+                "joiner": torch.export.export(JoinerPoint(model.joiner), (torch.randn(2, joint), torch.randn(2, joint)),
+                                              strict=False, dynamic_shapes=({0: dynamic}, {0: dynamic}))}
+
+
+def decoder_metadata(module: nn.Module) -> dict:
+    """What a transducer's decoding needs beside its graphs (asr.inference.transducer.TransducerDecoding)."""
+    lstm, cfg = module.model.predictor.lstm, module.model.cfg
+    return {"state_shape": [lstm.num_layers, lstm.hidden_size], "ctc_width": module.model.ctc_width,
+            "max_symbols": cfg.max_symbols, "beam_size": cfg.beam_size}
+
+
 def min_samples(program: torch.export.ExportedProgram, model: nn.Module) -> int:
     """The narrowest audio batch (samples) the graph runs on: its guard on the audio width, and
     wide enough for 2 encoder frames, since torch.export assumes a traced size of 2 or more is never 1."""
@@ -212,10 +286,13 @@ class Parity:
     max_abs_diff: float  # over the frames inside each utterance's length
     same_lengths: bool
     same_transcripts: int  # utterances whose greedy token ids agree
+    decoder_diff: float | None = None  # a transducer's: prediction network contexts and states, joiner log-probs
 
     @property
     def ok(self) -> bool:
-        return self.same_lengths and self.same_transcripts == self.utterances and self.max_abs_diff <= PARITY_ATOL
+        decoder = self.decoder_diff is None or self.decoder_diff <= PARITY_ATOL
+        return self.same_lengths and self.same_transcripts == self.utterances and self.max_abs_diff <= PARITY_ATOL \
+            and decoder
 
     def __str__(self) -> str:
         verdict = "OK" if self.ok else "FAILED"
@@ -223,13 +300,17 @@ class Parity:
                 f"(statistics of all samples, of a part), max |log-prob diff| "
                 f"{self.max_abs_diff:.2e} (allowed {PARITY_ATOL:.0e}), output lengths "
                 f"{'equal' if self.same_lengths else 'DIFFER'}, greedy transcripts identical "
-                f"{self.same_transcripts}/{self.utterances}")
+                f"{self.same_transcripts}/{self.utterances}" + ("" if self.decoder_diff is None else
+                f", prediction network and joiner max |diff| {self.decoder_diff:.2e}"))
 
 
 @torch.inference_mode()
-def parity(model: nn.Module, exported: ExportedModel, batches=PARITY_BATCHES) -> Parity:
-    """Compare a CTCModel (eval mode) with its export on padded batches of the given durations (seconds), each
-    with the statistics of all samples and of a part (``example_batch``): an utterance counts once per way."""
+def parity(model: nn.Module, exported: ExportedModel, batches=PARITY_BATCHES, decode=greedy) -> Parity:
+    """Compare a network (eval mode) with its export on padded batches of the given durations (seconds), each
+    with the statistics of all samples and of a part (``example_batch``): an utterance counts once per way.
+    ``decode``: the network's greedy decoding (CTC's by default); the export's is its objective's. A transducer's
+    prediction network and joiner are compared too (``decoder_parity``)."""
+    exported_decode = exported.objective.decode if exported.objective is not None else greedy
     utterances, diff, same_lengths, same = 0, 0.0, True, 0
     for seconds in batches:
         audio, lengths, part = example_batch(seconds, exported.sample_rate, seed=len(seconds))
@@ -240,16 +321,35 @@ def parity(model: nn.Module, exported: ExportedModel, batches=PARITY_BATCHES) ->
             for b, n in enumerate(want_lengths.tolist()):
                 if n:
                     diff = max(diff, (want[b, :n] - got[b, :n].cpu()).abs().max().item())
-            same += sum(w == g for w, g in zip(greedy(want, want_lengths), greedy(got.cpu(), got_lengths.cpu())))
+            same += sum(w == g for w, g in zip(decode(want, want_lengths), exported_decode(got.cpu(),
+                                                                                           got_lengths.cpu())))
             utterances += len(seconds)
-    return Parity(utterances, diff, same_lengths, same)
+    decoder = decoder_parity(model, exported.objective) if exported.objective is not None else None
+    return Parity(utterances, diff, same_lengths, same, decoder)
+
+
+def decoder_parity(model: nn.Module, decoding, steps: int = 5, seed: int = 0) -> float:
+    """Max |diff| of a transducer network's prediction network (contexts, states over ``steps`` random tokens of 3
+    sequences) and joiner (7 random points) against an exported decoding's graphs."""
+    generator = torch.Generator().manual_seed(seed)
+    ours = model.predictor.step(torch.full((3,), BLANK_ID), *model.predictor.initial_state(3))  # (context, h, c)
+    theirs, diff = decoding.start(3), 0.0
+    for _ in range(steps):
+        diff = max(diff, *((a - b.cpu()).abs().max().item() for a, b in zip(ours, theirs)))
+        tokens = torch.randint(1, model.joiner.output.out_features, (3,), generator=generator)
+        ours = model.predictor.step(tokens, *ours[1:])
+        theirs = decoding.predict(tokens.to(decoding.device()), *theirs[1:])
+    enc, context = (torch.randn(7, model.joiner.output.in_features, generator=generator) for _ in range(2))
+    joined = decoding.join(enc.to(decoding.device()), context.to(decoding.device())).cpu()
+    return max(diff, (model.joiner.join(enc, context) - joined).abs().max().item())
 
 
 def metadata(module: nn.Module, program: torch.export.ExportedProgram, checkpoint: Path) -> dict:
     """asr.json: what decoding needs beside the graph, and where the model came from."""
     features = module.model.features.config
+    objective = module.hparams.objective
     return {
-        "format": FORMAT, "version": FORMAT_VERSION,
+        "format": FORMATS[objective], "version": FORMAT_VERSION,
         "sample_rate": features.sample_rate,
         "frame_seconds": module.model.frame_seconds,
         "min_samples": min_samples(program, module.model),
@@ -257,7 +357,7 @@ def metadata(module: nn.Module, program: torch.export.ExportedProgram, checkpoin
         "features": asdict(features),
         "hyper_parameters": {k: v for k, v in module.hparams.items() if v is None or isinstance(v, (int, float, str, bool, dict))},
         "checkpoint": checkpoint.name, "torch": torch.__version__,
-    }
+    } | ({"decoder": decoder_metadata(module)} if objective != "ctc" else {})
 
 
 def export(checkpoint: str | Path, output: str | Path) -> Parity:
@@ -267,16 +367,24 @@ def export(checkpoint: str | Path, output: str | Path) -> Parity:
     """
     from asr.train.module import ASRModule  # here, not at the top: load() must not need asr.models.ctc
 
+    from torch.export.pt2_archive._package import package_pt2  # torch.export.save's writer, of several graphs
+
     checkpoint, output = Path(checkpoint), Path(output)
     module = ASRModule.from_checkpoint(checkpoint)
-    program = export_program(serving_model(module.model), module.model.sample_rate)
+    if module.hparams.objective not in FORMATS:
+        raise ValueError(f"{checkpoint}: model.objective {module.hparams.objective}; asr.export writes "
+                         f"{', '.join(FORMATS)} models")
+    serving = serving_model(module.model)
+    program = export_program(serving, module.model.sample_rate)
+    programs = {"model": program} | (decoder_programs(serving.model) if module.hparams.objective != "ctc" else {})
     extra = {METADATA_FILE: json.dumps(metadata(module, program, checkpoint), indent=1),
              TOKENIZER_FILE: base64.b64encode(module.tokenizer.serialized).decode("ascii")}
     with write_atomically(output) as partial:  # never a half-written or unchecked file under the real name
         with open(partial, "wb") as f, warnings.catch_warnings():  # a file object: by name it wants .pt2
             warnings.filterwarnings("ignore", "No complete tensor found")  # said of every CPU-only model
-            torch.export.save(program, f, extra_files=extra)
-        result = parity(module.model.float().eval(), load(partial))
+            package_pt2(f, exported_programs=programs, extra_files=extra)
+        model = module.model.float().eval()
+        result = parity(model, load(partial), decode=module.objective.decoding(model).decode)
         if not result.ok:
             raise RuntimeError(f"{output}: not written, the export disagrees with {checkpoint}: {result}")
     return result

@@ -239,5 +239,6 @@ def test_a_file_of_an_unknown_format_version_is_refused_naming_both(exports, tmp
     future = rewritten(exported_file, tmp_path / "future.pt2", f"/extra/{export.METADATA_FILE}",
                        lambda data: json.dumps(json.loads(data) | {"version": 99}).encode())
     with pytest.raises(ValueError, match="future.pt2: format asr-ctc-export version 99; this asr reads asr-ctc-export "
-                                         "versions 1, 2: export the checkpoint again"):
+                                         "versions 1, 2 and asr-transducer-export, asr-hybrid-export version 2: "
+                                         "export the checkpoint again"):
         export.load(future)

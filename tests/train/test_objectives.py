@@ -1,16 +1,24 @@
 """--model.objective (asr.train.objectives): chosen by name or class path, CTC by default as before; the settings
-an objective reads; the data's length rule is the objective's own."""
+an objective reads; the data's length rule is the objective's own; a fourth objective plugs in with one line."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+
+from asr.inference.transcribe import Transcriber
 from asr.models.ctc import CTCModel
+from asr.models.network import EncoderNetwork
 from asr.train.fit import build
 from asr.train.module import ASRModule
-from asr.train.objectives import CTC
+from asr.train.objectives import CTC, OBJECTIVES, Loss, ctc_loss
+from tests import MINI
 from tests.conftest import encoder
 from tests.data.test_module import datamodule
+from tests.decoded import own_transcripts
+from tests.e2e.test_fit import epoch_losses, fit, slice_manifest
 
 
 class AnyLength(CTC):
@@ -70,3 +78,62 @@ def test_the_cli_links_the_models_objective_to_the_data(corpus):
                  "--data.val_manifest", str(corpus.dev), "--trainer.logger", "false",
                  "--trainer.precision", "32-true", "--threads", "1"])
     assert cli.datamodule.hparams.objective == f"{__name__}:AnyLength" and type(cli.model.objective) is AnyLength
+
+
+class SmoothedNet(EncoderNetwork):
+    """The fourth objective's network, of its own: the shared front end and encoder, one linear layer to the classes."""
+
+    token_rows = ("out.weight", "out.bias")
+
+    def __init__(self, features, encoder, vocab_size, spec_augment=None, checkpoint_every=0):
+        super().__init__(features, encoder, spec_augment, checkpoint_every)
+        self.out = torch.nn.Linear(self.encoder.d_model, vocab_size)
+
+    def forward(self, audio, lengths, middle=False, statistics=None):
+        states, lengths = self.encode(audio, lengths, statistics=statistics)
+        return self.frames(states), lengths
+
+    def frames(self, states):
+        return self.out(self.norm(states)).float().log_softmax(-1)
+
+    def forward_flops(self, num_samples, num_tokens=None):
+        flops, t = self.encoder_flops(num_samples)
+        return flops + 2 * t * self.out.in_features * self.out.out_features
+
+
+class Smoothed:
+    """A fourth objective, as a user adds one in a file of their own: CTC's loss plus label smoothing (a tenth of each
+    frame's mean negative log-probability over the classes), its own network, CTC's decoding of the log-probs."""
+
+    def network(self, features, encoder, vocab_size, spec_augment, checkpoint_every):
+        return SmoothedNet(features, encoder, vocab_size, spec_augment, checkpoint_every)
+
+    def __call__(self, model, batch, training):
+        log_probs, lengths = model(batch.audio, batch.audio_lengths)
+        loss_sum = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths, reduction="sum")
+        inside = (torch.arange(log_probs.shape[1], device=lengths.device) < lengths[:, None])[..., None]
+        smoothing = -(log_probs.mean(-1, keepdim=True) * inside).sum()
+        return Loss(loss_sum + 0.1 * smoothing if training else loss_sum, loss_sum, log_probs, lengths)
+
+    frames_needed = staticmethod(CTC.frames_needed)
+
+    def decoding(self, model):
+        return CTC()
+
+
+def test_a_fourth_objective_registers_with_one_line_and_trains(tmp_path, monkeypatch):
+    """Issue 64: a new objective is its own code and one line in OBJECTIVES; asr.fit trains it by name, validation
+    decodes with it, its checkpoint transcribes."""
+    monkeypatch.setitem(OBJECTIVES, "smoothed", f"{__name__}:Smoothed")  # the one line
+    train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 16)
+    dev = slice_manifest(MINI / "train.jsonl", tmp_path / "dev.jsonl", 3)  # characters the tokenizer knows
+    cli = fit(tmp_path, "--model.objective", "smoothed", "--model.inter_ctc", "0", "--trainer.max_epochs", "2",
+              "--trainer.precision", "32-true", "--data.train_manifest", str(train), "--data.val_manifest", str(dev),
+              "--test", "false")
+    run = Path(cli.trainer.log_dir)
+    assert isinstance(cli.model.model, SmoothedNet) and cli.datamodule.hparams.objective == "smoothed"
+    losses = epoch_losses(run)
+    assert len(losses) == 2 and losses[1] < losses[0] and "val/wer" in (run / "metrics.csv").read_text()
+    last = run / "checkpoints" / "last.ckpt"
+    paths = [MINI / "audio" / "test" / "000000.flac"]
+    assert Transcriber.from_checkpoint(last, second_pass=0).transcribe(paths) == own_transcripts(last, paths)

@@ -21,8 +21,9 @@ Frames of a segment with no token yet are dropped as they come. The model's cach
 over hours of audio. Greedy decoding of segments cut at silent frames gives the token ids of greedy decoding of
 the whole stream, which are those of the same model run over the whole file at the same chunk (tests).
 
-Word times are seconds from the stream's start, snapped to the speech in the segment's audio as in batch
-transcription (asr.inference.result.words_of); confidences are the mean posterior of each word's frames.
+Word times are seconds from the stream's start: a final's are snapped to the speech in the segment's audio as in
+batch transcription (asr.inference.result.words_of), a partial's are its tokens' frames; confidences are the mean
+posterior of each word's frames.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class NetworkStream:
         self.network, self.tokenizer, self.device = network, tokenizer, torch.device(device)
         self.sample_rate, self.frame_seconds = network.sample_rate, network.frame_seconds
         self.chunk_frames = network.encoder.cfg.chunk_frames
+        with torch.inference_mode():  # what a step that completes no chunk gives: no frames
+            self.nothing = streaming.network_frames(network, torch.zeros(1, 0, network.encoder.d_model, device=device))[0]
 
     def start_stream(self) -> streaming.StreamState:
         return streaming.start(self.network, 1, self.device)
@@ -96,7 +99,7 @@ class NetworkStream:
     def stream_step(self, audio: torch.Tensor, state: streaming.StreamState, chunk: int, final: bool
                     ) -> tuple[torch.Tensor, streaming.StreamState]:
         frames, state = streaming.advance(self.network, audio[None].to(self.device), state, chunk, final)
-        return frames[0].float().cpu(), state
+        return (self.nothing if frames is None else frames[0]).float().cpu(), state
 
 
 def streaming_model(model: Any) -> StreamingModel:
@@ -139,6 +142,7 @@ class Session:
         self.step, self.hops = frame_samples(model.frame_seconds, model.sample_rate), hops_per_frame(model.frame_seconds)
         self.state = model.start_stream()
         self.frames: torch.Tensor | None = None  # (T, *) the segment's frames
+        self.ids: list[int] = []  # the segment's token ids as decoded
         self.first = 0  # the segment's first frame, counted from the stream's start
         self.levels = torch.zeros(0)  # loudness hops from the segment's first frame on (asr.inference.result)
         self.unheard = torch.zeros(0)  # samples after the last whole frame whose loudness is in levels
@@ -180,10 +184,9 @@ class Session:
             updates += self._extend(frames[at: at + self.chunk])
         if self.frames is None:
             self.frames = frames
-        ids = self._ids(self.frames)
         if end:
-            return updates + ([self._close(len(self.frames), ids)] if ids else [])
-        return updates + [self._update(self.frames, ids, final=False)]
+            return updates + ([self._close(len(self.frames), self.ids)] if self.ids else [])
+        return updates + [self._update(self.frames, self.ids, final=False)]
 
     def _extend(self, frames: torch.Tensor) -> list[Update]:
         """One chunk's frames onto the segment; the finals of the segments it closed (module docstring)."""
@@ -191,12 +194,12 @@ class Session:
         finals = []
         while len(self.frames) > self.longest:  # no pause within max_segment_seconds: cut at the best one
             finals.append(self._close(self.transcriber.objective.cut(self.frames, self.longest // 2, self.longest)))
-        ids = self._ids(self.frames)
-        if not ids:  # nothing said yet: the frames are not kept (greedy decoding of what follows is the same)
+        self.ids = self._ids(self.frames)
+        if not self.ids:  # nothing said yet: the frames are not kept (greedy decoding of what follows is the same)
             self._drop(len(self.frames))
         elif len(self.frames) >= self.endpoint and \
                 self.transcriber.objective.silent_frames(self.frames[-self.endpoint:]) == self.endpoint:
-            finals.append(self._close(len(self.frames), ids))
+            finals.append(self._close(len(self.frames), self.ids))
         return finals
 
     def _ids(self, frames: torch.Tensor) -> list[int]:
@@ -210,15 +213,17 @@ class Session:
         return final
 
     def _drop(self, cut: int) -> None:
+        """The segment's first ``cut`` frames leave it (``ids`` are the caller's to renew if any frames remain)."""
         self.frames, self.levels = self.frames[cut:], self.levels[cut * self.hops:]
-        self.first += cut
+        self.first, self.ids = self.first + cut, []
 
     def _update(self, frames: torch.Tensor, ids: list[int], final: bool) -> Update:
-        """An Update of the segment's first len(frames) frames, decoded as ``ids``."""
+        """An Update of the segment's first len(frames) frames, decoded as ``ids``; a final's words are snapped to the
+        speech, a partial's keep their tokens' frames (snapping every chunk cost more than the model's step)."""
         seconds, offset = len(frames) * self.model.frame_seconds, self.first * self.model.frame_seconds
         spans = self.transcriber.objective.align(frames, ids) if ids else []
         words = words_of(spans, self.model.tokenizer, self.model.frame_seconds, seconds,
-                         self.levels[: len(frames) * self.hops])
+                         self.levels[: len(frames) * self.hops] if final else None)
         text, words = self.transcriber.confident(self.model.tokenizer.decode(ids), words)
         words = [Word(w.word, w.start + offset, w.end + offset, w.confidence) for w in words]
         return Update(text, words, final, offset, offset + seconds, ids)

@@ -97,22 +97,28 @@ def local_blocks(x: torch.Tensor, blocks: int, span: int) -> torch.Tensor:
     return x.permute(0, 2, 1, 4, 3).reshape(b * blocks, h, span, dh)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def rotate(x: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Rotary positions of (B, H, T', dh) queries or keys: channel pair (i, i + dh/2) of frame t turns by
-    t * ROTARY_BASE^(-2i/dh) radians, so q_t . k_s depends on t - s only.
-
-    ``positions`` (B, T'): each frame's index t, for a stream's frames (asr.models.streaming), whose t grows past
-    what float32 angles hold exactly (ulp 0.008 rad at an hour of 40 ms frames): the angles are then taken in
-    float64, modulo 2 pi. None: t = 0 .. T' - 1 in float32 (the offline blocks')."""
+    t * ROTARY_BASE^(-2i/dh) radians, so q_t . k_s depends on t - s only. ``turn``: the cos and sin of ``rotation``
+    for x's frames (a stream's); None: frames t = 0 .. T' - 1, angles in float32 (the offline blocks')."""
     t, half = x.shape[-2], x.shape[-1] // 2
-    inv = ROTARY_BASE ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    if positions is None:
+    if turn is None:
+        inv = ROTARY_BASE ** -(torch.arange(half, device=x.device, dtype=torch.float32) / half)
         angles = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv  # (T', dh/2)
-    else:
-        angles = (positions.double()[:, None, :, None] * inv.double()).remainder(2 * math.pi)  # (B, 1, T', dh/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        turn = angles.cos(), angles.sin()
+    cos, sin = turn[0].to(x.dtype), turn[1].to(x.dtype)
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+def rotation(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (B, 1, T', head_dim / 2) fp32 of the rotary angles of frames at ``positions`` (B, T'), for
+    ``rotate``: taken in float64 modulo 2 pi, because a stream's t grows past what float32 angles hold exactly (ulp
+    0.008 rad at an hour of 40 ms frames). Computed once for all the layers of a forward."""
+    half = head_dim // 2
+    inv = ROTARY_BASE ** -(torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    angles = (positions.double()[:, None, :, None] * inv.double()).remainder(2 * math.pi)  # (B, 1, T', dh/2)
+    return angles.cos().float(), angles.sin().float()
 
 
 _VARLEN_DEVICES: dict[int, bool] = {}  # CUDA device index -> varlen_available

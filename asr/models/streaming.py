@@ -40,7 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from asr.audio import HOP_SECONDS
-from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate
+from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate, rotation
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import Conv2dSubsampling
 
@@ -123,11 +123,12 @@ class StreamingConformerBlock(ConformerBlock):
         self.conv = CausalConvModule(cfg)
         self.keys_seen = cfg.chunk_frames + cfg.left_context  # for flops: the keys a query sees at the default chunk
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x (B, T', d); mask of chunk_mask; keep (B, T', 1); positions (B, T') frame indices -> (B, T', d)."""
-        return self.step(x, mask, keep, positions)[0]
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor]
+                ) -> torch.Tensor:
+        """x (B, T', d); mask of chunk_mask; keep (B, T', 1); turn: blocks.rotation of x's frames -> (B, T', d)."""
+        return self.step(x, mask, keep, turn)[0]
 
-    def step(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor,
+    def step(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor],
              cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """As forward, after the frames ``cache`` holds (None: nothing before x); the mask covers the cached keys
@@ -136,16 +137,16 @@ class StreamingConformerBlock(ConformerBlock):
         and the convolution's next history."""
         keys, values, history = cache if cache is not None else (None, None, None)
         x = x + 0.5 * self.ff_first(x)
-        y, keys, values = self.attend(self.attn_norm(x), mask, positions, keys, values)
+        y, keys, values = self.attend(self.attn_norm(x), mask, turn, keys, values)
         x = x + dropout(y, self.dropout, self.training)
         y, history = self.conv.step(x, keep, history)
         x = x + y
         x = x + 0.5 * self.ff_last(x)
         return self.norm(x), (keys, values, history)
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor | None,
-               values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Self-attention of normed x (B, T', d) at ``positions`` (B, T'), after cached rotated ``keys`` and
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor],
+               keys: torch.Tensor | None, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention of normed x (B, T', d) rotated by ``turn``, after cached rotated ``keys`` and
         ``values`` (B, H, L, d / H) -> (B, T', d), and the keys and values of the cache and x (B, H, L + T', d / H).
         On CPU in fp32 whatever the precision, as asr.models.blocks.attention."""
         b, t, d = x.shape
@@ -153,7 +154,7 @@ class StreamingConformerBlock(ConformerBlock):
         cpu = qkv.device.type == "cpu"
         with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
             q, k, v = qkv.float() if cpu else qkv
-            q, k = rotate(q, positions), rotate(k, positions)
+            q, k = rotate(q, turn), rotate(k, turn)
             if keys is not None:
                 k, v = torch.cat([keys.to(k.dtype), k], dim=2), torch.cat([values.to(v.dtype), v], dim=2)
             p = self.attention_dropout if self.training else 0.0
@@ -199,13 +200,13 @@ class StreamingEncoder(nn.Module):
         b, t = x.shape[:2]
         mask = chunk_mask(lengths, t, self.training_chunk() if self.training else self.chunk, self.cfg.left_context)
         keep = (torch.arange(t, device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
-        positions = torch.arange(t, device=x.device).expand(b, t)
+        turn = rotation(torch.arange(t, device=x.device).expand(b, t), self.d_model // self.cfg.n_heads)
         middle_states = None
         for i, block in enumerate(self.blocks):
             if recompute and i % self.checkpoint_every == 0:
-                x = checkpoint(block, x, mask, keep, positions, use_reentrant=False)
+                x = checkpoint(block, x, mask, keep, turn, use_reentrant=False)
             else:
-                x = block(x, mask, keep, positions)
+                x = block(x, mask, keep, turn)
             if middle and i == self.middle_block:
                 middle_states = x
         return (x, lengths, middle_states) if middle else (x, lengths)
@@ -234,12 +235,12 @@ class StreamingEncoder(nn.Module):
         b, new = feats.shape[0], feats.shape[1] // self.factor
         history = torch.cat([state.features.to(feats.dtype), feats], dim=1)  # (B, f - 1 + C f, F)
         x, _ = self.subsampling.read(history, torch.full((b,), feats.shape[1], device=feats.device))  # (B, C, d)
-        positions = state.position[:, None] + torch.arange(new, device=feats.device)  # (B, C)
+        turn = rotation(state.position[:, None] + torch.arange(new, device=feats.device), self.d_model // self.cfg.n_heads)
         mask = cache_mask(state.position, self.cfg.left_context, new)
         keep = x.new_ones(b, new, 1)
         keys, values, conv, left = [], [], [], self.cfg.left_context
         for i, block in enumerate(self.blocks):
-            x, (k, v, c) = block.step(x, mask, keep, positions, (state.keys[i], state.values[i], state.conv[i]))
+            x, (k, v, c) = block.step(x, mask, keep, turn, (state.keys[i], state.values[i], state.conv[i]))
             keys.append(k[:, :, k.shape[2] - left:]), values.append(v[:, :, v.shape[2] - left:]), conv.append(c)
         return x, EncoderState(history[:, history.shape[1] - (self.factor - 1):], torch.stack(keys),
                                torch.stack(values), torch.stack(conv), state.position + new)
@@ -271,7 +272,7 @@ def algorithmic_latency(encoder: StreamingEncoder, chunk: int, window_seconds: f
 class StreamState(NamedTuple):
     """What ``advance`` carries between audio pieces: the front end's leftovers and the encoder's caches."""
 
-    audio: torch.Tensor  # (B, s) samples after the last complete feature window's hop (s < the window)
+    audio: torch.Tensor  # (B, s) samples not yet in a feature frame: less than a chunk's and a window's
     feats: torch.Tensor  # (B, m, F) feature frames waiting for a whole chunk
     encoder: EncoderState
 
@@ -290,16 +291,20 @@ def start(network: nn.Module, batch: int = 1, device: torch.device | str = "cpu"
 
 
 def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: int, final: bool = False
-            ) -> tuple[torch.Tensor, StreamState]:
+            ) -> tuple[torch.Tensor | None, StreamState]:
     """The next audio (B, n) of ``batch`` streams at the network's rate -> the frames (B, T', *) of every chunk of
-    ``chunk`` encoder frames it completes (``network_frames``; none until a chunk is complete), and the state after
-    it. ``final``: the stream ends with this audio; the rest is run as a last, shorter chunk (whole encoder frames)
-    with the zeros a whole file is padded with. Over a stream the frames are those of the network's whole-file
-    forward with encoder.chunk = ``chunk`` (to float rounding)."""
+    ``chunk`` encoder frames it completes (``network_frames``; None if it completes none), and the state after it.
+    Audio waits in the state until it completes a chunk, so the front end runs once a chunk. ``final``: the stream
+    ends with this audio; the rest is run as a last, shorter chunk (whole encoder frames) with the zeros a whole
+    file is padded with. Over a stream the frames are those of the network's whole-file forward with encoder.chunk =
+    ``chunk`` (to float rounding)."""
     if chunk < 1:
         raise ValueError(f"a stream runs in chunks of at least 1 encoder frame, got {chunk}")
-    encoder, f = network.encoder, network.encoder.factor
+    encoder, f, cfg = network.encoder, network.encoder.factor, network.features.config
     audio = torch.cat([state.audio, audio.to(state.audio)], dim=1)
+    missing = chunk * f - state.feats.shape[1]  # feature frames the next chunk needs: their windows' samples
+    if not final and audio.shape[1] < (missing - 1) * cfg.hop_length + cfg.win_length:
+        return None, StreamState(audio, state.feats, state.encoder)
     if final:
         feats, _ = network.features(audio, torch.full((audio.shape[0],), audio.shape[1], device=audio.device))
         audio = audio[:, audio.shape[1]:]
@@ -313,9 +318,8 @@ def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: 
         states, caches = encoder.step(feats[:, :take].to(dtype), caches)
         outputs.append(network_frames(network, states))
         feats = feats[:, take:]
-    if not outputs:
-        outputs.append(network_frames(network, feats.new_zeros(feats.shape[0], 0, encoder.d_model).to(dtype)))
-    return torch.cat(outputs, dim=1), StreamState(audio, feats[:, : 0 if final else feats.shape[1]], caches)
+    frames = torch.cat(outputs, dim=1) if outputs else None
+    return frames, StreamState(audio, feats[:, : 0 if final else feats.shape[1]], caches)
 
 
 def network_frames(network: nn.Module, states: torch.Tensor) -> torch.Tensor:

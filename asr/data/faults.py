@@ -46,8 +46,10 @@ class DataFaults:
     after the run's last logging step.
     """
 
-    def __init__(self, split: str, size: int, max_share: float, trainer=None, listing: Path | None = None):
+    def __init__(self, split: str, size: int, max_share: float, trainer=None, listing: Path | None = None,
+                 mend: str = "Restore or re-check the files (python -m asr.fit checks every line at start-up)"):
         self.split, self.size, self.max_share, self.trainer = split, size, max_share, trainer
+        self.mend = mend  # how the error tells the user to mend the data
         self.listing = listing  # where each failure is also appended (the run folder's bad_lines.txt)
         self.named: set[str] = set()  # sources named by this rank
         self.in_pass: dict[str, tuple[str, int]] = {}  # source -> (failure, utterances): this rank's, this pass
@@ -111,8 +113,7 @@ class DataFaults:
             raise DataFaultError(
                 f"{counted} of {self.size} {self.split} utterances failed to load in this pass, more than "
                 f"data.max_dropped_share={self.max_share} allows:\n  {listed}\n"
-                "Restore or re-check the files (python -m asr.fit checks every line at start-up), "
-                "or raise --data.max_dropped_share."
+                f"{self.mend}, or raise --data.max_dropped_share."
             )
 
     def distributed(self) -> bool:

@@ -107,7 +107,8 @@ def stream_loader(data) -> StreamLoader:
                           pin_memory=data.on_gpu, worker_init_fn=partial(init_data_worker, rank=rank))
     size = sum(corpus.utterances for corpus in data.corpora)
     loader.faults = data.faults.setdefault(
-        "train", DataFaults("train", size, hp.max_dropped_share, trainer, data.bad_lines_file))
+        "train", DataFaults("train", size, hp.max_dropped_share, trainer, data.bad_lines_file,
+                            "Check or write the shards again (python -m asr.shard)"))
     loader.stall_seconds, loader.trainer = hp.shard_stall_seconds, trainer
     loader.preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None) if trainer else None
     return loader

@@ -24,6 +24,8 @@ is left out of the rates but kept in the projection.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import os
@@ -77,12 +79,14 @@ COUNTS = ("audio_samples", "batch_samples", "utterances", "tokens", "flops", "pa
 
 
 class FlopCounted(Protocol):
-    """What CostMonitor needs of the trained network (asr.models.ctc.CTCModel is one)."""
+    """What CostMonitor needs of the trained network (asr.models.ctc.CTCModel, asr.models.transducer.TransducerModel)."""
 
     sample_rate: int  # Hz of the batches' audio
 
-    def forward_flops(self, num_samples: torch.Tensor) -> torch.Tensor:
-        """(B,) lengths in samples -> (B,) forward FLOPs of each utterance run alone."""
+    def forward_flops(self, num_samples: torch.Tensor, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) lengths in samples and (B,) target tokens -> (B,) forward FLOPs of each utterance run alone (a
+        transducer's prediction network and joiner grow with the tokens). ``num_tokens`` may be left out of the
+        signature by a network whose FLOPs do not depend on them."""
         ...
 
 
@@ -99,15 +103,25 @@ def counted(pl_module: pl.LightningModule) -> FlopCounted:
 def batch_counts(batch: Batch, model: FlopCounted, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """(len(COUNTS),) totals of one batch, on the batch's device, computed without a host sync.
 
-    ``flops`` counts each utterance at its own length; ``padded_flops`` at the longest one's, the
+    ``flops`` counts each utterance at its own length and tokens; ``padded_flops`` at the longest one's, the
     length the model runs the whole batch at (``model.forward_flops`` owns what that executes).
     """
-    lengths = batch.audio_lengths
-    flops = model.forward_flops(torch.cat([lengths, lengths.max().view(1)]))  # one pass: utterances, then padded
+    lengths, tokens = batch.audio_lengths, batch.token_lengths
+    samples = torch.cat([lengths, lengths.max().view(1)])  # one pass: utterances, then padded
+    if counts_tokens(type(model).forward_flops):
+        flops = model.forward_flops(samples, torch.cat([tokens, tokens.max().view(1)]))
+    else:
+        flops = model.forward_flops(samples)
     return torch.stack([
         lengths.sum(), lengths.new_full((), batch.audio.numel()), lengths.new_full((), len(batch.texts)),
         batch.token_lengths.sum(), flops[:-1].sum(), flops[-1] * len(lengths),
     ]).to(dtype)
+
+
+@functools.cache
+def counts_tokens(forward_flops) -> bool:
+    """Whether a network's forward_flops takes the target tokens too (FlopCounted)."""
+    return len(inspect.signature(forward_flops).parameters) > 2  # self, num_samples, num_tokens
 
 
 def rates(totals: dict[str, float], seconds: float, sample_rate: int, peak_flops: float | None) -> dict[str, float]:

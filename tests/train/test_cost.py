@@ -16,6 +16,7 @@ from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.tokenizer import Tokenizer
 from asr.train import cost
 from asr.train.module import ASRModule
@@ -74,6 +75,23 @@ def test_forward_flops_agree_with_torch_flop_counter_on_a_padded_batch(conv_chan
     counts = dict(zip(cost.COUNTS, cost.batch_counts(batch, model).tolist()))
     assert counts["padded_flops"] == counter.get_total_flops()
     assert counts["flops"] == model.forward_flops(lengths).sum()
+
+
+@pytest.mark.parametrize("ctc_head", [False, True])
+def test_a_transducers_flops_count_its_prediction_network_and_joiner_over_the_lattice(ctc_head):
+    """torch's FlopCounterMode sees every matrix product of a training forward but the LSTM's (aten.lstm): with that
+    added, the transducer's own count of the padded batch is the executed FLOPs."""
+    cfg = TransducerConfig(pred_dim=16, joint_dim=24)
+    model = TransducerModel(FeatureConfig(8000), EncoderConfig(d_model=32, n_heads=4, n_layers=2, ff_mult=2,
+                                                               conv_channels=0), 12, cfg, ctc_head).eval()
+    lengths, tokens, token_lengths = torch.tensor([8000, 5000]), torch.tensor([[3, 4, 5], [6, 7, 0]]), torch.tensor([3, 2])
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(torch.randn(2, 8000), lengths, targets=tokens, target_lengths=token_lengths)
+    lstm = 2 * (3 + 1) * 2 * 4 * 16 * (16 + 16)  # 2 utterances, 4 contexts each, 4 gates of (input + hidden) x 16
+    batch = Batch(torch.randn(2, 8000), lengths, tokens, token_lengths, ["a", "b"])
+    counts = dict(zip(cost.COUNTS, cost.batch_counts(batch, model).tolist()))
+    assert counts["padded_flops"] == counter.get_total_flops() + lstm
+    assert counts["flops"] == model.forward_flops(lengths, token_lengths).sum() < counts["padded_flops"]
 
 
 def test_padding_and_rates_of_a_constructed_batch():

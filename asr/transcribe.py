@@ -84,7 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("inputs", nargs="*", help="audio files, folders of audio, or JSON-lines manifests (audio_filepath; "
         "text and duration optional)")
     add("--checkpoint", required=True, help="a .ckpt written by python -m asr.fit, or a model of asr.export")
-    add("--output", help="append one JSON line per input to this file; a rerun skips what it holds, retries errors")
+    add("--output", help="append one JSON line per input to this file; a rerun skips what it holds, retries errors; "
+        "- : the lines on standard output")
     add("--output_dir", help="write one file per input below this folder; a rerun skips existing files")
     add("--format", choices=FORMATS, default=None,  # FORMATS: every Format class, so a new one is listed too
         help=f"{', '.join(FORMATS)} (asr.inference.formats); default: txt, or jsonl with --output")

@@ -110,8 +110,8 @@ def rows(args: argparse.Namespace) -> list[dict]:
                 peak = step_bytes(net, made, batch, dtype)
                 ctc = peak if objective == "ctc" else ctc
                 found.append({"preset": preset, "objective": objective, "joint_dim": joint_dim or None,
-                              "utterances": len(batch.texts), "batch_seconds": len(batch.texts) * args.utterance_seconds,
-                              "peak_mib": peak / 2**20, "vs_ctc": peak / ctc})
+                              "utterances": len(batch.texts), "peak_mib": peak / 2**20, "vs_ctc": peak / ctc,
+                              "batch_seconds": len(batch.texts) * args.utterance_seconds})
                 del net, made, batch
     return found
 

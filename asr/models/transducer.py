@@ -1,8 +1,8 @@
 """The network of a transducer (RNN-T, Graves 2012), in plain PyTorch: features -> encoder -> joiner, with a
 prediction network over the tokens emitted so far; the hybrid adds CTC's head on the same encoder.
 
-    audio (B, n) ──EncoderNetwork (asr.models.network)──> (B, T', d) ──LayerNorm──┬─Linear (encoder_proj)─> (B, T', J)
-                                                                                 └─Linear (head, hybrid)─> (B, T', V)
+    audio (B, n) ──EncoderNetwork (asr.models.network)──> (B, T', d) ──LayerNorm──┬─Linear (encoder_proj)─> (B,T',J)
+                                                                                 └─Linear (head, hybrid)─> (B,T',V)
     targets (B, U) ──[blank] + targets──Embedding──LSTM──Linear (proj)──> (B, U+1, J)
     joiner: tanh(enc[:, :, None] + pred[:, None]) ──Linear (output)──> logits (B, T', U+1, V)
 

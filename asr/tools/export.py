@@ -83,8 +83,9 @@ class ExportedModel:
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, N) float samples at ``sample_rate``, lengths (B,) in samples ->
-        log_probs (B, T', V) fp32 (a transducer's frames, (B, T', [V +] J)) and out_lengths (B,) in output frames. ``statistics`` (B, 2): the samples
-        [start, end) whose frames alone give each utterance's feature statistics; None: all of its samples.
+        log_probs (B, T', V) fp32 (a transducer's frames, (B, T', [V +] J)) and out_lengths (B,) in output frames.
+        ``statistics`` (B, 2): the samples [start, end) whose frames alone give each utterance's feature statistics;
+        None: all of its samples.
 
         Frames at or past ``out_lengths[b]`` are padding: their values mean nothing, and T'
         follows the padded width N, so it may exceed ``max(out_lengths)``.
@@ -158,8 +159,9 @@ def transducer_decoding(programs: dict, decoder: dict, device: torch.device):
     """asr.inference.transducer's decoding of an exported transducer's prediction network and joiner graphs."""
     from asr.inference.transducer import TransducerDecoding
 
-    return TransducerDecoding(programs["predictor"].module(), programs["joiner"].module(), tuple(decoder["state_shape"]),
-                              decoder["ctc_width"], decoder["max_symbols"], decoder["beam_size"], device=lambda: device)
+    return TransducerDecoding(programs["predictor"].module(), programs["joiner"].module(),
+                              tuple(decoder["state_shape"]), decoder["ctc_width"], decoder["max_symbols"],
+                              decoder["beam_size"], device=lambda: device)
 
 
 def refuse_pickled_code(path: str | Path) -> None:

@@ -79,7 +79,7 @@ COUNTS = ("audio_samples", "batch_samples", "utterances", "tokens", "flops", "pa
 
 
 class FlopCounted(Protocol):
-    """What CostMonitor needs of the trained network (asr.models.ctc.CTCModel, asr.models.transducer.TransducerModel)."""
+    """What CostMonitor needs of the trained network (asr.models.ctc.CTCModel, asr.models.transducer's model)."""
 
     sample_rate: int  # Hz of the batches' audio
 

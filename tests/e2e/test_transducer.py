@@ -16,9 +16,9 @@ from tests import MINI
 from tests.decoded import own_transcripts
 from tests.e2e.test_fit import epoch_losses, fit, slice_manifest
 
-TRANSDUCER = ["--model.objective", "transducer", "--model.inter_ctc", "0", "--model.transducer.pred_dim", "32", "--model.transducer.joint_dim",
-              "32", "--trainer.max_epochs", "2", "--data.max_batch_seconds", "8", "--data.max_duration", "8",
-              "--trainer.precision", "32-true"]
+TRANSDUCER = ["--model.objective", "transducer", "--model.inter_ctc", "0", "--model.transducer.pred_dim", "32",
+              "--model.transducer.joint_dim", "32", "--trainer.max_epochs", "2", "--data.max_batch_seconds", "8",
+              "--data.max_duration", "8", "--trainer.precision", "32-true"]
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +70,17 @@ def test_the_checkpoint_transcribes_as_it_decodes_itself_with_word_times(run):
         times = [t for w in result.words for t in (w.start, w.end)]
         assert times == sorted(times) and all(0 <= t <= result.duration for t in times)
         assert all(0 < w.confidence <= 1 for w in result.words) and 0 <= result.blank_share <= 1
+
+
+@pytest.mark.parametrize("base", ["real-1h-cpu", "gpu-100h"])
+def test_a_transducer_recipe_changes_only_the_objective_of_the_recipe_it_goes_after(base):
+    from tests.e2e.test_recipes import printed_config
+
+    plain = printed_config("--config", f"configs/recipes/{base}.yaml")
+    hybrid = printed_config("--config", f"configs/recipes/{base}.yaml", "--config",
+                            f"configs/recipes/{base}-transducer.yaml")
+    assert hybrid["model"]["objective"] == "hybrid" and hybrid["trainer"]["logger"]["init_args"]["name"] == \
+        f"{base}-transducer"
+    assert hybrid["model"]["encoder"] == plain["model"]["encoder"] and hybrid["data"] == plain["data"]
+    changed = {key for key in plain["model"] if plain["model"][key] != hybrid["model"][key]}
+    assert changed <= {"objective", "transducer"}

@@ -110,19 +110,25 @@ class TransducerDecoding:
         context, h, c = self.start(1)
         hyps = {(): (0.0, context[0], h[:, 0], c[:, 0])}  # tokens -> (log-prob, context, h, c)
         for t in range(len(enc)):
-            ended, pool = {}, hyps  # hypotheses that ended frame t; those still on it
-            for last in (r == self.max_symbols - 1 for r in range(self.max_symbols)):
-                emitted = self.expand(enc[t], pool, ended, beam)
-                if last:
-                    for tokens, hyp in emitted.items():
-                        merge(ended, tokens, hyp)
-                    break
-                floor = sorted((s for s, *_ in ended.values()), reverse=True)[beam - 1] if len(ended) >= beam else None
-                pool = {k: v for k, v in emitted.items() if floor is None or v[0] > floor}  # can still make the beam
-                if not pool:
-                    break
-            hyps = dict(sorted(ended.items(), key=lambda item: -item[1][0])[:beam])
-        return list(max(hyps.items(), key=lambda item: item[1][0])[0])
+            hyps = dict(sorted(self.frame(enc[t], hyps, beam).items(), key=lambda item: -item[1][0])[:beam])
+        return list(max(hyps, key=lambda tokens: hyps[tokens][0]))
+
+    def frame(self, enc: torch.Tensor, hyps: dict, beam: int) -> dict:
+        """The hypotheses that end this frame: ``max_symbols`` rounds of ``expand`` at most, the tokens of the last
+        round ending it themselves; a round's extensions go on only while they could still make the beam."""
+        ended, pool = {}, hyps
+        for round_ in range(1, self.max_symbols + 1):
+            emitted = self.expand(enc, pool, ended, beam)
+            if round_ == self.max_symbols:
+                for tokens, hyp in emitted.items():
+                    merge(ended, tokens, hyp)
+                break
+            scores = sorted((hyp[0] for hyp in ended.values()), reverse=True)
+            floor = scores[beam - 1] if len(scores) >= beam else -float("inf")  # scores only fall with more tokens
+            pool = {tokens: hyp for tokens, hyp in emitted.items() if hyp[0] > floor}
+            if not pool:
+                break
+        return ended
 
     def expand(self, enc: torch.Tensor, pool: dict, ended: dict, beam: int) -> dict:
         """One round on a frame: each hypothesis of ``pool`` ending the frame by the blank goes to ``ended``

@@ -151,3 +151,24 @@ def test_the_cli_runs_a_transducer_checkpoint_by_beam_search_and_refuses_an_lm(o
         assert 0 <= __import__("json").loads(out.read_text())["blank_share"] <= 1
     assert main(["--checkpoint", str(checkpoint), audio, "--beam_size", "4", "--lm", "lm.arpa"]) == 2
     assert "--lm, --lm_weight and --word_score are CTC's beam search's" in capsys.readouterr().err
+
+
+def test_the_second_pass_reads_the_speech_again_and_keeps_its_word_times(char_tokenizer, tmp_path):
+    """Speech framed by 4 s of silence a side spans under --second_pass of the file: the Transcriber runs its frames
+    again (ToneModel takes no statistics: their audio alone) and the transducer's alignment keeps the file's times."""
+    import numpy as np
+    import soundfile
+
+    from tests.tones import RATE, tones
+
+    speech, spans = tones(char_tokenizer, "nine four two")
+    path = tmp_path / "framed.flac"
+    soundfile.write(path, np.concatenate([np.zeros(4 * RATE, np.float32), speech, np.zeros(4 * RATE, np.float32)]),
+                    RATE)
+    once, twice = ToneTransducer(char_tokenizer), ToneTransducer(char_tokenizer)
+    one = Transcriber(once, second_pass=0.0).transcribe_results([path])[0]
+    two = Transcriber(twice).transcribe_results([path])[0]
+    assert (once.calls, twice.calls) == (1, 2) and one.text == two.text == "nine four two"
+    assert one.words == two.words
+    for word, (start, end) in zip(two.words, spans):
+        assert word.start == pytest.approx(4 + start, abs=0.011) and word.end == pytest.approx(4 + end, abs=0.011)

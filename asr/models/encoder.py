@@ -24,7 +24,6 @@ from torch.utils.checkpoint import checkpoint
 from asr.models.blocks import attention_mask, block_type, make_block
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import Conv2dSubsampling, subsampled_lengths
-from asr.models.streaming import StreamingEncoder
 
 
 class Encoder(Protocol):
@@ -58,7 +57,28 @@ def sinusoids(length: int, channels: int, device: torch.device | str | None = No
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
-class BlockEncoder(nn.Module):
+class BlockStack(nn.Module):
+    """What an encoder of a subsampling (``subsampling``) and a stack of blocks (``blocks``) owes the Encoder
+    protocol beyond its forward: the middle block, its FLOPs, the units to shard. BlockEncoder and
+    asr.models.streaming.StreamingEncoder are two."""
+
+    @property
+    def middle_block(self) -> int:
+        """The block whose output intermediate CTC reads: the last of the first half (-1: fewer than 2 blocks)."""
+        return len(self.blocks) // 2 - 1
+
+    def flops(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Subsampling and each block's own count (block.flops); norms and activations are left out (small)."""
+        flops, t = self.subsampling.flops(frames)
+        for block in self.blocks:
+            flops = flops + block.flops(t)
+        return flops, t
+
+    def units(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+
+class BlockEncoder(BlockStack):
     """Conv2dSubsampling (x4 or x8), absolute positions if the block type wants them, then ``cfg.n_layers``
     blocks of type ``cfg.block`` (asr.models.blocks) with a key-padding mask.
 
@@ -100,23 +120,8 @@ class BlockEncoder(nn.Module):
                 middle_states = x
         return (x, lengths, middle_states) if middle else (x, lengths)
 
-    @property
-    def middle_block(self) -> int:
-        """The block whose output intermediate CTC reads: the last of the first half (-1: fewer than 2 blocks)."""
-        return len(self.blocks) // 2 - 1
-
     def output_lengths(self, frames: torch.Tensor | int) -> torch.Tensor | int:
         return subsampled_lengths(frames, self.factor)
-
-    def flops(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Subsampling and each block's own count (block.flops); norms and activations are left out (small)."""
-        flops, t = self.subsampling.flops(frames)
-        for block in self.blocks:
-            flops = flops + block.flops(t)
-        return flops, t
-
-    def units(self) -> list[nn.Module]:
-        return list(self.blocks)
 
 
 # model.encoder.block -> "module:Class" of an encoder other than BlockEncoder (same constructor arguments),
@@ -128,6 +133,8 @@ def build_encoder(cfg: EncoderConfig, n_feats: int, checkpoint_every: int = 0) -
     """The encoder ``cfg`` describes, for ``n_feats`` feature bins: the one place an encoder is chosen
     (model.encoder.streaming: asr.models.streaming.StreamingEncoder)."""
     if cfg.streaming:
+        from asr.models.streaming import StreamingEncoder  # here: it builds on BlockStack, of this module
+
         return StreamingEncoder(cfg, n_feats, checkpoint_every)
     if cfg.block in ENCODERS:
         module, name = ENCODERS[cfg.block].split(":")

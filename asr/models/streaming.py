@@ -42,6 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from asr.audio import HOP_SECONDS
 from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate, rotation
 from asr.models.config import EncoderConfig
+from asr.models.encoder import BlockStack
 from asr.models.subsampling import Conv2dSubsampling
 
 
@@ -167,7 +168,7 @@ class StreamingConformerBlock(ConformerBlock):
         return super().flops(frames) - 2 * 2 * frames * frames * d + 2 * 2 * frames * keys * d
 
 
-class StreamingEncoder(nn.Module):
+class StreamingEncoder(BlockStack):
     """CausalSubsampling, then ``cfg.n_layers`` StreamingConformerBlocks over chunks (module docstring). Keeps the
     Encoder protocol of asr.models.encoder; its weights have BlockEncoder's names. ``chunk``: encoder frames per
     chunk outside training (model.encoder.chunk_frames; 0 = full context), which a caller may set."""
@@ -245,22 +246,8 @@ class StreamingEncoder(nn.Module):
         return x, EncoderState(history[:, history.shape[1] - (self.factor - 1):], torch.stack(keys),
                                torch.stack(values), torch.stack(conv), state.position + new)
 
-    @property
-    def middle_block(self) -> int:
-        """The block whose output intermediate CTC reads: the last of the first half (-1: fewer than 2 blocks)."""
-        return len(self.blocks) // 2 - 1
-
     def output_lengths(self, frames: torch.Tensor | int) -> torch.Tensor | int:
         return frames // self.factor
-
-    def flops(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        flops, t = self.subsampling.flops(frames)
-        for block in self.blocks:
-            flops = flops + block.flops(t)
-        return flops, t
-
-    def units(self) -> list[nn.Module]:
-        return list(self.blocks)
 
 
 def algorithmic_latency(encoder: StreamingEncoder, chunk: int, window_seconds: float) -> float:

@@ -87,7 +87,7 @@ def fit_messages(tmp_path) -> list[str]:
     watch = Watch(1, 1.0, clock=iter([0.0, 5.0, 5.0, 5.0]).__next__)
     watch.hear([("reading", 0, "s3://b/recording.000001.tar"), ("fault", "s3://b/recording.000000.tar: lost", 2)])
     stalled_pass = Watch(1, 0.0)
-    stalled_pass.hear([("fault", "s3://b/recording.000000.tar: lost", 2), ("pass", 0, 0)])
+    stalled_pass.hear([("fault", "s3://b/recording.000000.tar: lost", 2), ("pass", 0, "s3://b", 0)])
     from asr.data.faults import DataFaults
     faults = DataFaults("train", 4, 0.01, mend="Check or write the shards again (python -m asr.shard)")
     own = {"model.encoder.a": None, "model.head.b": None}

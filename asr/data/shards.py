@@ -185,8 +185,8 @@ def mixed_bins(corpora: list[ShardIndex], weights: list[float]) -> list[float]:
 class Notes:
     """What a stream's readers tell its main process as it happens (``say``), and what it has heard since it last
     asked (``heard``, in the process that made them): ("reading", worker, address) as a shard is begun, ("pass",
-    worker, cuts) after a pass over the worker's shards with how many cuts they gave, ("fault", "SOURCE: reason",
-    utterances) for a cut or shard given up, ("progress",) while usable cuts flow to the sampler. A reader in the
+    worker, corpus, cuts) after a pass over the worker's shards of a corpus with how many cuts they gave, ("fault",
+    "SOURCE: reason", utterances) for a cut or shard given up, ("progress",) while usable cuts flow to the sampler. A reader in the
     same process (no data workers, or a test) appends to a list; one in a data worker puts on a multiprocessing
     queue made before the workers start, whose feeder never holds a worker's exit (``cancel_join_thread``).
     ``iteration`` counts the main process' iterations of the stream that ended (asr.data.stream_loader): a reader
@@ -233,7 +233,7 @@ class EndlessShards:
             raise ShardsError(f"{name}: {len(shards)} shards for {world * workers} readers ({world} ranks x {workers} "
                               "data workers): write smaller shards (python -m asr.shard --shard_size) or use fewer "
                               "data.num_workers")
-        self.shards, self.seed, self.notes = shards, seed, notes
+        self.shards, self.seed, self.notes, self.name = shards, seed, notes, name
         self.rank, self.world, self.worker, self.workers = rank, world, worker, workers
 
     def passes(self):
@@ -255,7 +255,7 @@ class EndlessShards:
                     read += "problem" not in (cut.custom or {})
                     yield cut
             if self.notes:
-                self.notes.say("pass", self.worker, read)
+                self.notes.say("pass", self.worker, self.name, read)
 
 
 def read_shard(shard: dict, tries: int = SHARD_TRIES):

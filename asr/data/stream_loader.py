@@ -10,8 +10,9 @@ of POLL_SECONDS in the main thread, while a helper thread (``Fetcher``) runs the
 workers, the readers themselves), and it stops waiting
 
 - when, since the last sign of progress (a batch, or usable cuts on their way to the sampler), each reader (data
-  worker) has read a whole pass of its shards without a cut: nothing will come;
-- when no progress came for ``stall_seconds`` (data.shard_stall_seconds; 0: never);
+  worker) has read a whole pass of its shards of each corpus without a cut: nothing will come;
+- when no progress came for ``stall_seconds`` (data.shard_stall_seconds; 0: never) of this wait (time spent
+  training or validating does not count);
 - when the run's Preemption callback heard SIGTERM, SIGUSR1 or SIGINT (asr.train.resilience).
 
 A stall stops the run with DataStalled, naming the shards and what failed, on every rank; the Preemption callback
@@ -73,19 +74,25 @@ class Fetcher:
 
 
 class Watch:
-    """What a rank's main process knows of its ``readers`` (data workers, or itself) from their notes: when it
-    last saw progress, what each reads now and since when, which read a whole pass without a cut since, and the
-    failures since; ``stalled`` says whether that is a stall, and why, naming the shards."""
+    """What a rank's main process knows of its ``readers`` (data workers, or itself) of ``corpora`` from their
+    notes: when it last saw progress, what each reads now and since when, which read a whole pass of a corpus
+    without a cut since, and the failures since; ``stalled`` says whether that is a stall, and why, naming the
+    shards."""
 
-    def __init__(self, readers: int, stall_seconds: float, clock: Callable[[], float] = time.monotonic):
-        self.readers, self.stall_seconds, self.clock = readers, stall_seconds, clock
+    def __init__(self, readers: int, stall_seconds: float, clock: Callable[[], float] = time.monotonic,
+                 corpora: int = 1):
+        self.readers, self.corpora, self.stall_seconds, self.clock = readers, corpora, stall_seconds, clock
         self.progressed_at = clock()
         self.reading: dict[int, tuple[str, float]] = {}  # worker -> (the shard it reads, since when)
-        self.empty_passes: set[int] = set()  # workers that read a pass without a cut since the last progress
+        self.empty_passes: set[tuple[int, str]] = set()  # (worker, corpus) read a pass without a cut since progress
         self.failures: list[str] = []  # since the last progress
 
     def progress(self) -> None:
         self.progressed_at, self.empty_passes, self.failures = self.clock(), set(), []
+
+    def waiting(self) -> None:
+        """A wait for a batch begins: the time since the last progress, spent training or validating, is no stall."""
+        self.progressed_at = self.clock()
 
     def hear(self, notes: list[tuple]) -> list[tuple[str, int]]:
         """Take in the readers' notes (asr.data.shards.Notes); returns the failures among them, (fault,
@@ -94,8 +101,8 @@ class Watch:
         for kind, *rest in notes:
             if kind == "reading":
                 self.reading[rest[0]] = (rest[1], self.clock())
-            elif kind == "pass" and rest[1] == 0:
-                self.empty_passes.add(rest[0])
+            elif kind == "pass" and rest[2] == 0:
+                self.empty_passes.add((rest[0], rest[1]))
             elif kind == "fault":
                 failures.append((rest[0], rest[1]))
                 self.failures.append(rest[0])
@@ -105,7 +112,7 @@ class Watch:
 
     def stalled(self) -> str | None:
         """Why the stream cannot make progress, naming the shards; None while it may."""
-        if len(self.empty_passes) >= self.readers:
+        if len(self.empty_passes) >= self.readers * self.corpora:
             who = "its reader" if self.readers == 1 else f"each of its {self.readers} readers (data workers)"
             return (f"every shard that {who} read in a whole pass failed, since the last batch:{self.listed()}\n"
                     "Check or replace these shards (python -m asr.shard writes them), or the storage that holds them")
@@ -140,7 +147,8 @@ class StreamLoader(DataLoader):
     stopping: str | None = None  # why this rank stopped waiting: a stall's reasons, or a signal's name
 
     def __iter__(self):
-        watch, self.stopping = Watch(max(1, self.num_workers), self.stall_seconds), None
+        watch = Watch(max(1, self.num_workers), self.stall_seconds, corpora=len(self.dataset.corpora))
+        self.stopping = None
         if self.faults:
             self.faults.start_pass()
         fetcher, last = Fetcher(super().__iter__()), None
@@ -158,6 +166,7 @@ class StreamLoader(DataLoader):
 
     def next_batch(self, fetcher: Fetcher, watch: Watch) -> Batch | None:
         """The next batch, hearing the readers' notes while it waits; None once ``stopping`` is set instead."""
+        watch.waiting()
         while True:
             answer = fetcher.answer(POLL_SECONDS)
             self.count(watch.hear(self.dataset.notes.heard()))

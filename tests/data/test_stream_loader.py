@@ -16,7 +16,7 @@ from asr.data import faults as faults_module
 from asr.data import shards as shards_module
 from asr.data.faults import DataFaultError, DataFaults, DataStalled
 from asr.data.shards import ShardIndex, ShardStream
-from asr.data.stream_loader import StreamLoader
+from asr.data.stream_loader import StreamLoader, Watch
 from asr.tools.shard import shard
 from tests.data.test_shards import batcher, mini
 from tests.servers import web_server
@@ -191,3 +191,23 @@ def test_several_ranks_a_healthy_rank_stops_with_the_stalled_ones_naming_them(sm
                   logging=iter([True]))
     with pytest.raises(DataStalled, match="^data.train_shards on rank 1: no training batch for 9 s$"):
         next(iter(scripted(small, ranks, [first])))
+
+
+def test_a_stall_is_every_reader_of_every_corpus_empty_or_a_wait_without_progress():
+    """Two corpora mixed, two data workers: one corpus whose shards all fail is no stall while the other gives cuts;
+    time spent training or validating between batches is not waiting."""
+    now = [0.0]
+    watch = Watch(2, 10.0, clock=lambda: now[0], corpora=2)
+    watch.hear([("pass", 0, "a", 0), ("pass", 1, "a", 0), ("pass", 0, "b", 3)])
+    assert watch.stalled() is None  # corpus b gave cuts
+    watch.hear([("pass", 0, "b", 0), ("fault", "b/recording.000000.tar: shard unreadable", 4)])
+    assert watch.stalled() is None  # worker 1 has not emptied a pass of b yet
+    watch.hear([("pass", 1, "b", 0)])
+    assert watch.stalled().startswith("every shard that each of its 2 readers (data workers) read in a whole pass "
+                                      "failed, since the last batch:\n  b/recording.000000.tar: shard unreadable")
+    watch.progress()
+    now[0] = 60.0  # a validation of a minute, then the next wait
+    watch.waiting()
+    assert watch.stalled() is None
+    now[0] = 71.0
+    assert watch.stalled().startswith("no training batch for 11 s (--data.shard_stall_seconds 10)")

@@ -149,7 +149,8 @@ class Preemption(pl.Callback):
         """Also write ``last.ckpt`` where the run trained when its data stops it (every rank raises DataFaultError
         at the same point), so that it resumes once the data is mended."""
         self._restore()
-        if isinstance(exception, DataFaultError) and trainer.global_step > self._started:
+        fitting = trainer.state.fn == "fit"  # not a test after fitting, whose weights may be the best checkpoint's
+        if isinstance(exception, DataFaultError) and fitting and trainer.global_step > self._started:
             path = last_checkpoint_path(trainer)
             trainer.save_checkpoint(path)  # every rank, as they all stop here
             rank_zero_info(f"wrote {path} at step {trainer.global_step} before stopping: once the data is mended, "

@@ -5,11 +5,12 @@
 - every dotted ``asr.x.y`` imports (a module, or a name in one);
 - every command, ``python -m M`` (also ``torchrun ... -m M``) and ``asr X`` (asr.__main__.COMMANDS), is a module
   with a main or run: a stub (asr/fit.py) or a package's __main__.py counts by the module it takes run from;
-- every ``--flag`` after a command is accepted by that command's parser: argparse's (and jsonargparse's) options,
-  and for asr.fit the LightningCLI parser's dotted keys; a key under a class given by class_path
-  (``--trainer.callbacks.init_args.X``, ``--model.optimizer.X``) must be a parameter of the class the command line
-  names, of its default, or of one a shipped config names. A flag in code alone (``--second_pass``) must belong to
-  asr.fit or to a command its document names.
+- every ``--flag`` after a command is accepted by the parser that command builds (taken where it would parse, so
+  nothing runs): argparse's (and jsonargparse's) options, and for asr.fit the LightningCLI parser's dotted keys; a
+  key under a class given by class_path (``--trainer.callbacks.init_args.X``, ``--model.optimizer.X``) must be a
+  parameter of the class the command line names, of its default, or of one a shipped config names. Where a flag
+  chooses another parser (``asr.fit --budget_gpu_hours``), the parser built for the line's flags counts too. A flag
+  in code alone (``--second_pass``) must belong to asr.fit or to a command line its document gives.
 
 Flags after another program (torchrun, sbatch, pip, pytest) are theirs, not checked. NOT_OURS lists, with the
 reason, the few flags in prose that are not ours. docs/benchmarks.md is not read: a dated log of the commands as
@@ -176,43 +177,34 @@ def capture(self, *args, **kwargs):
     raise Parsed(self)
 
 
-def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+def option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
     """Every option of ``parser`` and of its subcommands."""
     found = set(parser._option_string_actions)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 found |= option_strings(sub)
-    return found
+    return frozenset(found)
 
 
 @cache
-def fit_parser() -> jsonargparse.ArgumentParser:
-    """asr.fit's LightningCLI parser, built as the command builds it and taken before it parses (nothing is
-    instantiated)."""
-    from asr.train import fit
-
-    with mock.patch.object(fit.ASRCLI, "parse_arguments", lambda self, parser, args: capture(parser)):
-        with pytest.raises(Parsed) as parsed:
-            fit.build([])
-    return parsed.value.args[0]
-
-
-@cache
-def parser_options(module_name: str) -> frozenset[str]:
-    """The options of the parser ``module_name``'s main builds, taken where it would parse sys.argv."""
-    if module_name in ("asr.train.fit", "asr.fit"):  # asr/fit.py hands --budget_gpu_hours to asr.study.plan
-        from asr.study import plan
-
-        return frozenset(fit_parser()._option_string_actions) | option_strings(plan.parser())
+def command_parser(module_name: str, argv: tuple[str, ...] = ()) -> argparse.ArgumentParser | None:
+    """The parser that ``module_name``'s main (or run) builds for the command line ``argv``, taken where it would
+    parse (argparse's, or jsonargparse's: asr.fit's LightningCLI parser, nothing instantiated); None if it fails
+    before. ``argv`` matters where a run chooses its parser by a flag (asr.fit --budget_gpu_hours)."""
     module = importlib.import_module(module_name)
+    command = getattr(module, "main", None) or module.run
     with (mock.patch.object(argparse.ArgumentParser, "parse_args", capture),
           mock.patch.object(argparse.ArgumentParser, "parse_known_args", capture),
           mock.patch.object(jsonargparse.ArgumentParser, "parse_args", capture),
-          mock.patch.object(sys, "argv", [module_name])):
-        with pytest.raises(Parsed) as parsed:
-            module.main()
-    return frozenset(option_strings(parsed.value.args[0]))
+          mock.patch.object(sys, "argv", [module_name, *argv])):
+        try:
+            command()
+        except Parsed as parsed:
+            return parsed.args[0]
+        except (Exception, SystemExit):  # the flags alone (no values) did not reach a parser
+            return None
+    return None
 
 
 def classes(typehint) -> tuple[type, ...]:
@@ -224,7 +216,7 @@ def classes(typehint) -> tuple[type, ...]:
 
 @cache
 def shipped_class_paths() -> dict[str, set[str]]:
-    """Dotted fit key (trainer.strategy) -> every class_path a shipped config gives it."""
+    """Dotted asr.fit key (trainer.strategy) -> every class_path a shipped config gives it."""
     found: dict[str, set[str]] = {}
 
     def walk(node, key):
@@ -242,10 +234,11 @@ def shipped_class_paths() -> dict[str, set[str]]:
     return found
 
 
-def init_parameters(key: str, arguments: str) -> set[str]:
-    """What may follow ``--key.`` (or ``--key.init_args.``) for a class-typed fit key: the parameters of the class
-    that ``arguments`` give it, of its default, and of the classes shipped configs give it."""
-    parser = fit_parser()
+def init_parameters(parser, key: str, arguments: str) -> set[str]:
+    """What may follow ``--key.`` (or ``--key.init_args.``) for a class-typed key of a jsonargparse parser: the
+    parameters of the class that ``arguments`` give it, of its default, and of the classes shipped configs give it."""
+    from jsonargparse._typehints import resolve_class_path_by_name  # jsonargparse's own lookup of a short name
+
     default = parser.get_defaults().get(key)
     given = {getattr(d, "class_path", None) for d in (default if isinstance(default, list) else [default])}
     given |= shipped_class_paths().get(key, set())
@@ -253,18 +246,15 @@ def init_parameters(key: str, arguments: str) -> set[str]:
     bases = classes(parser._option_string_actions[f"--{key}"]._typehint)
     names = set()
     for class_path in filter(None, given):
-        # jsonargparse's own lookup of a short name among the subclasses (EarlyStopping -> pytorch_lightning...)
-        from jsonargparse._typehints import resolve_class_path_by_name
-
         module, _, name = resolve_class_path_by_name(bases, class_path).rpartition(".")
         names |= set(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
     return names
 
 
-def fit_accepts(flag: str, arguments: str) -> bool:
-    """asr.fit's parser has ``flag``: a key, a pattern (``--model.encoder.``, ``--data.augmentation.*_prob``) that
-    some key matches, or a class-typed key's parameter."""
-    options = parser_options("asr.train.fit")
+def parser_accepts(parser, flag: str, arguments: str) -> bool:
+    """``parser`` has ``flag``: an option, a pattern (``--model.encoder.``, ``--data.augmentation.*_prob``) that
+    some option matches, or a parameter of a class-typed key of a jsonargparse parser (``--trainer.callbacks.X``)."""
+    options = option_strings(parser)
     key = flag[2:].split("=")[0].rstrip("+")
     key += "*" if key.endswith(".") else ""
     if "*" in key:  # a pattern: some key matches it, or it is a class-typed key's parameters (model.spec_augment.*)
@@ -277,14 +267,30 @@ def fit_accepts(flag: str, arguments: str) -> bool:
         head = ".".join(parts[:cut])
         if f"--{head}.help" in options:  # a class given by class_path: its parameters follow
             rest = parts[cut:][1:] if parts[cut] == "init_args" else parts[cut:]
-            return len(rest) == 1 and rest[0] in init_parameters(head, arguments)
+            return len(rest) == 1 and rest[0] in init_parameters(parser, head, arguments)
     return False
 
 
-def accepts(module_name: str, flag: str, arguments: str = "") -> bool:
-    if module_name == "asr.train.fit":
-        return fit_accepts(flag, arguments)
-    return flag.split("=")[0].removesuffix("+") in parser_options(module_name)
+def accepts(module_name: str, flag: str, arguments: str = "", retry: bool = True) -> bool:
+    """``module_name``'s command takes ``flag`` (as it appears in ``arguments``): its parser for no arguments does,
+    or (``retry``), where a flag of the line chooses another parser, the one it builds for the line's flags."""
+    parser = command_parser(module_name)
+    if parser is not None and parser_accepts(parser, flag, arguments):
+        return True
+    if not retry:
+        return False
+    line = tuple(f.split("=")[0] for f in flags(arguments) if "*" not in f and not f.endswith("."))
+    other = command_parser(module_name, line) if line else None
+    return other is not None and parser_accepts(other, flag, arguments)
+
+
+def takes_bare(flag: str, snippet: str, lines: set[tuple[str, str]]) -> bool:
+    """A flag in code alone belongs to one of its document's command lines, (module, arguments): a parser that line
+    builds takes it, read with the line's arguments or the snippet's own (``--trainer.callbacks+=EarlyStopping
+    --trainer.callbacks.patience 5``). The parsers built already are asked first."""
+    candidates = [(module_name, text) for module_name, arguments in lines for text in (arguments, snippet)]
+    return (any(accepts(module_name, flag, text, retry=False) for module_name, text in candidates)
+            or any(accepts(module_name, flag, text) for module_name, text in candidates))
 
 
 # --- the tests -----------------------------------------------------------------------------------------------
@@ -322,18 +328,18 @@ def test_the_commands_a_doc_names_run_a_main(doc):
 def test_the_flags_a_doc_names_are_its_commands(doc):
     code = snippets(doc.read_text())
     unknown = []
-    named = {"asr.train.fit"}  # a flag in prose may be any of asr.fit's, or of a command its document names
+    lines = {(home("asr fit"), "")}  # a flag in prose may be asr.fit's, or one of a command line its document gives
     for snippet in code:
         for command, arguments in commands(snippet):
             module_name = home(command)
             if module_name is None or not runs(module_name):
                 continue  # test_the_commands_a_doc_names_run_a_main names it
-            named.add(module_name)
+            lines.add((module_name, arguments))
             unknown += [f"{command} {flag}" for flag in flags(arguments)
                         if flag not in NOT_OURS and not accepts(module_name, flag, arguments)]
     for snippet in code:
-        unknown += [flag for flag in bare_flags(snippet) if flag.split("=")[0] not in NOT_OURS
-                    and not any(accepts(module_name, flag, snippet) for module_name in named)]
+        unknown += [flag for flag in bare_flags(snippet)
+                    if flag.split("=")[0] not in NOT_OURS and not takes_bare(flag, snippet, lines)]
     assert not unknown, f"{doc_id(doc)} names flags no parser takes: {sorted(set(unknown))}"
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jiwer
 import pytest
 import torch
 
@@ -20,8 +21,10 @@ from asr.bench.nonspeech import write_clips
 from asr.configs import CONFIGS
 from asr.inference.transcribe import Transcriber
 from asr.train.fit import main
+from asr.train.module import ASRModule
 from tests import MINI, REPO
 from tests.cli import CHAR_FRAMES, one_line_refusal, refused
+from tests.decoded import own_transcripts
 
 # A small char model: it leaves the all-blank stage within a few hundred steps, so ten quick
 # epochs are enough to transcribe something (the default unigram model needs more).
@@ -83,12 +86,12 @@ def test_checkpoint_carries_tokenizer_and_loads_without_pickled_code(run):
     assert checkpoint["hyper_parameters"]["encoder"]["d_model"] == 64
 
 
-def test_batched_and_one_at_a_time_transcription_agree(run):
+def test_batched_and_one_at_a_time_transcription_agree_with_the_checkpoints_own_decoding(run):
     transcriber = Transcriber.from_checkpoint(run / "checkpoints" / "last.ckpt")
     files = sorted((MINI / "audio" / "test").glob("*.flac"))[:12]
     batched = transcriber.transcribe(files)
     alone = [transcriber.transcribe([f])[0] for f in files]
-    assert batched == alone
+    assert batched == alone == own_transcripts(run / "checkpoints" / "last.ckpt", files)
     assert any(batched)  # ten epochs are enough to say something
 
 
@@ -100,8 +103,9 @@ def test_checkpoint_alone_transcribes_from_another_folder(run, tmp_path):
     shutil.copy(MINI / "audio" / "test" / "000000.flac", audio)
     result = subprocess.run([sys.executable, "-m", "asr.transcribe", "--checkpoint", str(ckpt), str(audio)],
                             cwd=tmp_path, capture_output=True, text=True, check=True)
-    path, _, text = result.stdout.strip().partition("\t")
+    path, _, text = result.stdout.removesuffix("\n").partition("\t")  # the text as decoded, spaces and all
     assert path == str(audio)
+    assert text == own_transcripts(ckpt, [audio])[0] and text
     assert "real-time factor" in result.stderr
 
 
@@ -143,15 +147,35 @@ def test_transcribing_a_manifest_reports_wer_and_cer(run, tmp_path):
          str(manifest), "--output", str(out)], capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 10 and all("reference" in r and "text" in r for r in rows)
-    assert "WER" in result.stdout and "CER" in result.stdout
+    references, hypotheses = [r["reference"] for r in rows], [r["text"] for r in rows]
+    assert hypotheses == own_transcripts(run / "checkpoints" / "last.ckpt", [r["audio_filepath"] for r in rows])
+    scores = f"WER {jiwer.wer(references, hypotheses):.4f}  CER {jiwer.cer(references, hypotheses):.4f}  (10 references"
+    assert scores in result.stdout, result.stdout
 
 
-def test_resuming_from_last_checkpoint_continues_the_run(run, tmp_path):
-    config = run / "config.yaml"
-    cli = main(["--config", str(config), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
-                "--trainer.max_epochs", "11", "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])
-    assert cli.trainer.current_epoch == 11
-    assert cli.trainer.global_step > 0
+def test_resuming_from_last_checkpoint_continues_the_run(run, tmp_path, monkeypatch):
+    """The resumed run starts from the checkpoint's step, weights and learning rate, and trains the one epoch
+    more that --trainer.max_epochs asks (a run that ignored --ckpt_path would start at step 0 and train them all)."""
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    epochs, steps = checkpoint["epoch"] + 1, checkpoint["global_step"]
+    at_start = {}
+    on_train_start = ASRModule.on_train_start
+
+    def record(module):  # the state training starts from, after Lightning restored the checkpoint
+        on_train_start(module)
+        at_start.update(step=module.trainer.global_step, lr=module.trainer.optimizers[0].param_groups[0]["lr"],
+                        weights={name: value.clone() for name, value in module.state_dict().items()})
+
+    monkeypatch.setattr(ASRModule, "on_train_start", record)
+    cli = main(["--config", str(run / "config.yaml"), "--ckpt_path", str(last), "--trainer.max_epochs", str(epochs + 1),
+                "--trainer.logger.init_args.save_dir", str(tmp_path), "--test", "false"])
+    assert at_start["step"] == steps > 0 and steps % epochs == 0  # every epoch has the same number of batches
+    assert at_start["lr"] == checkpoint["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert at_start["weights"].keys() == checkpoint["state_dict"].keys()
+    for name, value in checkpoint["state_dict"].items():
+        assert torch.equal(at_start["weights"][name], value), name
+    assert cli.trainer.current_epoch == epochs + 1 and cli.trainer.global_step == steps + steps // epochs
 
 
 def test_8khz_run_resamples_the_16khz_corpus_and_transcribes(tmp_path, info_messages):
@@ -160,9 +184,11 @@ def test_8khz_run_resamples_the_16khz_corpus_and_transcribes(tmp_path, info_mess
               "--data.train_manifest", str(train), "--data.val_manifest", str(train), "--test", "false")
     assert cli.model.model.features.config.n_feats == 81
     assert any("30 of 30 files are resampled to 8000 Hz" in m for m in info_messages)
-    transcriber = Transcriber.from_checkpoint(Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt")
+    last = Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    transcriber = Transcriber.from_checkpoint(last)
     assert transcriber.sample_rate == 8000
-    assert isinstance(transcriber.transcribe([MINI / "audio" / "test" / "000001.flac"])[0], str)
+    files = [MINI / "audio" / "test" / "000001.flac"]  # 16 kHz, resampled to the model's rate
+    assert transcriber.transcribe(files) == own_transcripts(last, files)
 
 
 def test_unknown_config_key_is_named(capsys):

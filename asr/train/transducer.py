@@ -51,6 +51,7 @@ class Transducer:
 
     @staticmethod
     def frames_needed(ids: list[int]) -> int:
+        """One frame, whatever the tokens: a transducer may emit them all on it."""
         return 1
 
     def decoding(self, model: TransducerModel) -> TransducerDecoding:

@@ -24,6 +24,7 @@ from asr.train.fit import ConfigError, build, check_hardware
 from asr.train.fsdp import ShardedStrategy
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION
+from tests.decoded import own_transcripts
 
 SECONDS = 1.3  # every utterance is padded to this, so batches hold a fixed count
 DETERMINISTIC = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
@@ -155,7 +156,8 @@ def test_fsdp_bf16_checkpointing_clipping_trains_transcribes_and_resumes_under_d
     # every step logged: at least 2 a rank and epoch (8 utterances; the demo recipe's speeds fit at most 4 in a batch)
     assert len(losses) == steps(last) >= 8 and sum(losses[-2:]) < 0.8 * sum(losses[:2])
     assert last.is_file()  # save_distributed_checkpoint false: one full file, gathered by rank 0
-    assert len(Transcriber.from_checkpoint(last).transcribe([MINI / "audio" / "test" / "000000.flac"])) == 1
+    files = [MINI / "audio" / "test" / "000000.flac"]
+    assert Transcriber.from_checkpoint(last).transcribe(files) == own_transcripts(last, files)
     resumed = fit(tmp_path / "ddp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/ddp.yaml", *levers,
                   "--trainer.max_epochs", "5", "--ckpt_path", str(last))
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 4
@@ -223,10 +225,18 @@ def test_impossible_combinations_are_refused_in_one_sentence(trainer, cuda, mess
     assert message in str(error.value) and str(error.value).count("\n") == 0
 
 
-@pytest.mark.parametrize("trainer", [Trainer(precision="16-mixed", accelerator="gpu"), Trainer(strategy="fsdp"),
-                                     Trainer(precision="bf16-true", strategy="ddp")])
-def test_possible_combinations_pass_on_a_gpu_machine(trainer):
+@pytest.mark.parametrize("trainer, needs_a_gpu", [(Trainer(precision="16-mixed", accelerator="gpu"), True),
+                                                  (Trainer(strategy="fsdp"), True),
+                                                  (Trainer(precision="bf16-true", strategy="ddp"), False)])
+def test_possible_combinations_pass_on_a_gpu_machine(trainer, needs_a_gpu):
+    """Each passes on a machine with a GPU; those that need one are refused on a machine without: the check asks
+    the machine, so one that refused nothing (or everything) fails here."""
     check_hardware(trainer, cuda=True)
+    if needs_a_gpu:
+        with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+            check_hardware(trainer, cuda=False)
+    else:
+        check_hardware(trainer, cuda=False)
 
 
 def test_cpu_machine_rejects_fp16_from_the_command_line_without_a_traceback():
@@ -248,5 +258,6 @@ def test_other_precisions_train_and_transcribe(precision, corpus, tmp_path):
     losses = step_losses(run)
     # every step logged: at least 4 an epoch (16 utterances; the demo recipe's speeds fit at most 4 in a batch)
     assert len(losses) == steps(run / "checkpoints" / "last.ckpt") >= 12 and sum(losses[-3:]) < 0.8 * sum(losses[:3])
-    transcriber = Transcriber.from_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert isinstance(transcriber.transcribe([MINI / "audio" / "test" / "000000.flac"])[0], str)
+    files = sorted((MINI / "audio" / "test").glob("*.flac"))[:4]
+    last = run / "checkpoints" / "last.ckpt"
+    assert Transcriber.from_checkpoint(last).transcribe(files) == own_transcripts(last, files)

@@ -19,6 +19,7 @@ folder without it is unfinished, and training refuses it. Training reads the sha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import io
 import json
@@ -112,15 +113,19 @@ def write_shards(folder: Path, chunks: list[list[mf.Utterance]], sample_rate: in
     Not forked: a fork of a process that runs threads (torch's, a test runner's, a notebook's) can die or hang in
     the child. A writer that dies (out of memory, killed) is a ShardError naming --jobs; the shards written stay
     whole and the folder unfinished (no index.json), so the same command can be run again. The writers end with
-    this process: when it stops on an error or Ctrl-C (``stop``), and when it is killed (``end_with_parent``)."""
+    this process: when it stops on an error or Ctrl-C (``stop``), and when it is killed (``end_with_parent``). They
+    are born ignoring Ctrl-C (SIGINT), which a terminal sends to each: it is this process's to handle, with one
+    message, not a traceback per process."""
     if jobs <= 1:
         return [write_shard(folder, number, chunk, sample_rate) for number, chunk in enumerate(chunks)]
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
     pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=writer_started, initargs=(os.getpid(), stop))
     try:
-        return list(pool.map(write_shard, [folder] * len(chunks), range(len(chunks)), chunks,
-                             [sample_rate] * len(chunks)))
+        with ctrl_c_ignored():  # map submits every shard now, which starts the writers: they inherit it
+            written = pool.map(write_shard, [folder] * len(chunks), range(len(chunks)), chunks,
+                               [sample_rate] * len(chunks))
+        return list(written)
     except BrokenProcessPool as err:
         raise ShardError(f"{folder}: a shard writer process died ({err}); the folder is unfinished: run the same "
                          f"command again, with fewer --jobs if memory ran out") from err
@@ -131,10 +136,22 @@ def write_shards(folder: Path, chunks: list[list[mf.Utterance]], sample_rate: in
         pool.shutdown(cancel_futures=True)
 
 
+@contextlib.contextmanager
+def ctrl_c_ignored():
+    """SIGINT ignored while the block runs (in the main thread; elsewhere Python lets no thread change it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def writer_started(parent: int, stop) -> None:
-    """A shard writer's first act: Ctrl-C is its parent's to handle (which then sets ``stop``: one message, not a
-    traceback per process), and a thread ends it when ``stop`` is set or the parent is gone (killed)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A shard writer's first act: a thread that ends it when ``stop`` is set (its parent stopped on Ctrl-C or an
+    error) or the parent is gone (killed)."""
     threading.Thread(target=end_with_parent, args=(parent, stop), daemon=True).start()
 
 

@@ -14,12 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from asr.data import manifest as mf
-from asr.data.faults import DataFaultError
 from asr.data.shard_run import check_by_steps, shards_tokenizer
-from asr.data.shards import EndlessShards, ShardIndex, ShardsError
+from asr.data.shards import EndlessShards, ShardIndex
 from asr.data.stream_loader import Watch
 from asr.inference.output import open_sink
-from asr.settings import ConfigError
 from asr.tools import shard as shard_command
 from asr.train.finetune import FineTune
 from asr.train.init_from import check_selection
@@ -104,7 +102,8 @@ def fit_messages(tmp_path) -> list[str]:
 
 
 def transcribe_messages() -> list[str]:
-    return [said(lambda: open_sink(None, "out", "txt", ["a", "a"])), said(lambda: open_sink(None, None, "srt", ["a", "b"]))]
+    return [said(lambda: open_sink(None, "out", "txt", ["a", "a"])),
+            said(lambda: open_sink(None, None, "srt", ["a", "b"]))]
 
 
 def test_every_flag_a_command_advises_is_one_it_accepts(tmp_path, monkeypatch):

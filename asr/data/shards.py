@@ -186,9 +186,10 @@ class Notes:
     """What a stream's readers tell its main process as it happens (``say``), and what it has heard since it last
     asked (``heard``, in the process that made them): ("reading", worker, address) as a shard is begun, ("pass",
     worker, corpus, cuts) after a pass over the worker's shards of a corpus with how many cuts they gave, ("fault",
-    "SOURCE: reason", utterances) for a cut or shard given up, ("progress",) while usable cuts flow to the sampler. A reader in the
-    same process (no data workers, or a test) appends to a list; one in a data worker puts on a multiprocessing
-    queue made before the workers start, whose feeder never holds a worker's exit (``cancel_join_thread``).
+    "SOURCE: reason", utterances) for a cut or shard given up, ("progress",) while usable cuts flow to the sampler.
+    A reader in the same process (no data workers, or a test) appends to a list; one in a data worker puts on a
+    multiprocessing queue made before the workers start, whose feeder never holds a worker's exit
+    (``cancel_join_thread``).
     ``iteration`` counts the main process' iterations of the stream that ended (asr.data.stream_loader): a reader
     in that process (no data workers) stops once the one it reads for has ended, though its thread was given up
     waiting for a read."""

@@ -6,8 +6,8 @@ resampled to ``--sample_rate`` and written as FLAC into ``recording.NNNNNN.tar``
 lists from the index; ``in_dir=`` would take index.json for a field), ``--shard_size``
 utterances a shard, ``--jobs`` shards at a time (at most one per core; each writer ends with this process). A line
 that repeats an earlier one (the same audio file, offset and duration) is written once, and said so; audio upsampled
-to ``--sample_rate`` is said too (it holds nothing above its own rate's half). Bad lines follow training's rule (``--on_bad_line``,
-``--max_dropped_share``) and are listed in ``OUT/bad_lines.txt``. The tokenizer is trained once on the
+to ``--sample_rate`` is said too (it holds nothing above its own rate's half). Bad lines follow training's rule
+(``--on_bad_line``, ``--max_dropped_share``) and are listed in ``OUT/bad_lines.txt``. The tokenizer is trained once on the
 manifests' texts, before any audio is read (``OUT/tokenizer.model``) and ``OUT/index.json`` is written last (asr.data.shards.ShardIndex): a
 folder without it is unfinished, and training refuses it. Training reads the shards with ``--data.train_shards OUT``
 (a folder, or the same files at an ``https://`` or ``s3://`` address) and opens no other file at start-up.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asr.data.shards import INDEX, TOKENIZER, ShardIndex
+from asr.data.shards import INDEX, TOKENIZER
 from asr.tokenizer import Tokenizer
 from asr.tools import shard as command
 from asr.tools.shard import shard

@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -46,11 +45,10 @@ UTTERANCE_SECONDS = 15.0  # the utterance length the FLOPs are counted at (atten
 
 
 def corpus_hours(shards: str | None, manifest: str | None) -> tuple[float, str]:
-    """(hours of training audio, where that came from): the shard indexes' utterances x their median duration,
-    or a manifest's durations summed."""
+    """(hours of training audio, where that came from): the shard indexes' seconds, or a manifest's durations."""
     if shards:
         indexes = [ShardIndex.read(root, "--data.train_shards") for root in shard_list(shards)]
-        seconds = sum(i.utterances * statistics.median(i.data.get("durations") or [0.0]) for i in indexes)
+        seconds = sum(i.seconds for i in indexes)
         return seconds / 3600, f"{sum(i.utterances for i in indexes):,} utterances in {len(indexes)} shard index(es)"
     if manifest:
         lines = Path(manifest).read_text().splitlines()

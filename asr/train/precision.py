@@ -88,7 +88,7 @@ def median_duration(datamodule) -> float:
     of shards, or the first PROBE_UTTERANCES lines of the training manifest; None if neither says."""
     hp = datamodule.hparams
     if hp.train_shards:
-        durations = [d for index in datamodule.corpora() for d in index.data.get("durations", [])]
+        durations = [d for index in datamodule.corpora for d in index.data.get("durations", [])]
     else:
         durations = []
         with contextlib.suppress(OSError), open(hp.train_manifest) as lines:

@@ -20,8 +20,9 @@ def index(folder, utterances: int, seconds: float):
     """A shard folder's index.json of ``utterances`` all ``seconds`` long (what asr.shard writes, less the shards)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "index.json").write_text(json.dumps({
-        "format": 1, "utterances": utterances, "durations": [seconds] * 200,
-        "shards": [{"cuts": "cuts.000000.jsonl.gz", "recording": "recording.000000.tar", "utterances": utterances}]}))
+        "format": 1, "utterances": utterances, "seconds": utterances * seconds, "durations": [seconds] * 200,
+        "shards": [{"cuts": "cuts.000000.jsonl.gz", "recording": "recording.000000.tar", "utterances": utterances,
+                    "seconds": utterances * seconds}]}))
     return folder
 
 

@@ -21,7 +21,9 @@ from tests.conftest import row
 
 
 class Data:
-    """What probe_batch asks of a DataModule: its hparams (and corpora() for shards)."""
+    """What probe_batch asks of a DataModule: its hparams (and its shards' indexes, ``corpora``)."""
+
+    corpora = ()
 
     def __init__(self, manifest, **settings):
         self.hparams = {"train_shards": None, "train_manifest": str(manifest), "max_batch_seconds": 6.0,
@@ -126,3 +128,12 @@ def test_ranks_inherit_the_choice_for_the_same_model_only(module, manifest, monk
     assert precision.inherited(module, batch) == "bf16-mixed"
     other = ASRModule(tokenizer=char_tokenizer, encoder=EncoderConfig(d_model=64, n_heads=2, n_layers=1, ff_mult=2))
     assert precision.inherited(other, batch) is None  # a later run of another model in this process decides anew
+
+
+def test_the_probe_batch_of_shards_takes_the_median_of_their_index(module, tmp_path):
+    from asr.data.module import ASRDataModule
+    from tests.study.test_plan import index
+
+    data = ASRDataModule(train_shards=str(index(tmp_path / "shards", 100, 2.5)), max_batch_seconds=10.0)
+    batch = precision.probe_batch(module, data)
+    assert batch.audio.shape == (4, 40000)  # 10 s of 2.5 s utterances, the index' durations

@@ -122,8 +122,7 @@ class ASRCLI(LightningCLI):
                                                   rank_zero_info)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-        if trainer.precision != AUTO:
-            check_hardware(trainer)
+        check_hardware(trainer)  # ("auto" passes; it is checked again once resolved)
 
     def instantiate_trainer(self, **kwargs) -> pl.Trainer:
         """The Trainer, with ``precision: auto`` decided first on the model and data built by now (asr.hardware,
@@ -142,6 +141,7 @@ def auto_precision(module: ASRModule, datamodule: ASRDataModule, accelerator: st
     batch = precision.probe_batch(module, datamodule)
     choice = precision.inherited(module, batch)
     if choice is None:
+        check_optimizer(module)  # a CPU's timed steps build it: its own refusal first, naming the flag
         steps = partial(precision.measured_steps, module, batch, rank_zero_info)
         choice = resolve_precision(AUTO, accelerator, rank_zero_info, cpu_steps=steps)
         precision.hand_down(module, batch, choice)
@@ -260,8 +260,13 @@ def check_training(cli: ASRCLI) -> None:
             check_by_steps(trainer, validates=bool(data.val_manifest))
         except ShardsError as err:
             raise ConfigError(str(err)) from err
-    try:  # the optimizer's own checks (a negative lr, betas outside [0, 1), ...) before the first step
-        cli.model.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
+    check_optimizer(cli.model)
+
+
+def check_optimizer(module: ASRModule) -> None:
+    """The optimizer's own checks (a negative lr, betas outside [0, 1), ...) before any step, naming the flag."""
+    try:
+        module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError) as err:
         raise ConfigError(f"model.optimizer: {err}") from err
 

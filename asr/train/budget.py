@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -206,18 +207,12 @@ def process_seconds() -> float:
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - ticks / _CLOCK_TICKS)
-    except (OSError, ValueError, IndexError):
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux: since this module was imported
         return time.monotonic() - _IMPORTED
 
 
 _IMPORTED = time.monotonic()
-try:
-    import os
-
-    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-except (ValueError, OSError, AttributeError):
-    _CLOCK_TICKS = 100
 
 
 class StopAtStep(pl.Callback):

@@ -169,3 +169,19 @@ def test_a_config_named_as_the_docs_write_it_resolves_to_the_shipped_file_from_a
     assert resolve("configs/recipes/demo.yaml") == "configs/recipes/demo.yaml"  # a file of the user's comes first
     args, count = map_configs(["-c", "a", "--x", "1", "--config=b", "--config", "c"], str.upper)
     assert args == ["-c", "A", "--x", "1", "--config=B", "--config", "C"] and count == 3
+
+
+def test_the_bar_and_summary_are_lightnings_plain_ones_with_or_without_rich(monkeypatch):
+    """rich (which import-linter installs) would switch Lightning to its bar, whose log files keep only the last
+    line; asr's Trainer keeps the plain bar everywhere, and the switches still turn each off."""
+    from pytorch_lightning.callbacks import ModelSummary, TQDMProgressBar
+    from pytorch_lightning.callbacks.rich_model_summary import RichModelSummary
+
+    monkeypatch.setattr("pytorch_lightning.trainer.connectors.callback_connector._RICH_AVAILABLE", True)
+    trainer = Trainer(accelerator="cpu", precision="32-true", logger=False)
+    assert type(trainer.progress_bar_callback) is TQDMProgressBar
+    assert [type(c) for c in trainer.callbacks if isinstance(c, ModelSummary)] == [ModelSummary]
+    assert not any(isinstance(c, RichModelSummary) for c in trainer.callbacks)
+    quiet = Trainer(accelerator="cpu", precision="32-true", logger=False, enable_progress_bar=False,
+                    enable_model_summary=False)
+    assert quiet.progress_bar_callback is None and not any(isinstance(c, ModelSummary) for c in quiet.callbacks)

@@ -37,6 +37,7 @@ import pytorch_lightning as pl
 import torch
 import yaml
 from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
+from pytorch_lightning.callbacks import ModelSummary, ProgressBar, TQDMProgressBar
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.strategies import ModelParallelStrategy
 from pytorch_lightning.utilities import rank_zero_info
@@ -66,7 +67,9 @@ TRAINER_DEFAULTS = CONFIGS / "trainer.yaml"  # the Trainer's defaults in asr, re
 
 class Trainer(pl.Trainer):
     """Lightning's Trainer, whose ``precision`` may also be "auto": the choice for this machine (asr.hardware),
-    and whose fit loop resumes at an epoch's end with max_steps set too (asr.train.resilience.FitLoop)."""
+    whose fit loop resumes at an epoch's end with max_steps set too (asr.train.resilience.FitLoop), and whose
+    progress bar and model summary are Lightning's plain ones whether or not ``rich`` is installed (Lightning
+    switches to rich's where it is, whose bar writes only its last state to a log file)."""
 
     def __init__(self, *args, precision: _PRECISION_INPUT | Auto | None = AUTO, **kwargs):
         """
@@ -78,8 +81,20 @@ class Trainer(pl.Trainer):
         accelerator = kwargs.get("accelerator", "auto")
         precision = resolve_precision(precision, accelerator, rank_zero_info)
         precision, kwargs["plugins"] = fsdp.sharded_fp16(precision, kwargs.get("strategy"), kwargs.get("plugins"))
+        kwargs["callbacks"] = plain_bar_and_summary(kwargs.get("callbacks"), kwargs.get("enable_progress_bar", True),
+                                                    kwargs.get("enable_model_summary", True))
         super().__init__(*args, precision=precision, **kwargs)
         FitLoop.replace(self)
+
+
+def plain_bar_and_summary(callbacks, bar: bool | None, summary: bool | None) -> list:
+    """``callbacks`` with TQDMProgressBar and ModelSummary added where they are on and none of their kind is given."""
+    callbacks = list(callbacks or []) if not isinstance(callbacks, pl.Callback) else [callbacks]
+    if bar is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+        callbacks.append(TQDMProgressBar())
+    if summary is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+        callbacks.append(ModelSummary())
+    return callbacks
 
 
 class ASRCLI(LightningCLI):

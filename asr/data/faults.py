@@ -16,7 +16,7 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_prefixed_message
 
 from asr.audio import AudioError
-from asr.train.intervals import host_step
+from asr.intervals import host_step
 
 
 class DataFaultError(AudioError):
@@ -41,7 +41,7 @@ class DataFaults:
     passes of a stream: it counts once) before all ranks raise the same error. The same all-reduce carries whether
     a rank's stream stalled (``stalled``, set by asr.data.stream_loader): then every rank raises DataStalled.
     Evaluation checks after every batch; training, which must not wait for the device between logging steps
-    (asr.train.intervals), at each logging step, when the next pass starts and when asked (``record``'s
+    (asr.intervals), at each logging step, when the next pass starts and when asked (``record``'s
     ``agree``): up to trainer.log_every_n_steps steps after the share was passed, or not at all for failures
     after the run's last logging step.
     """

@@ -9,7 +9,7 @@ Collectives: every cross-rank sum is explicit, in a hook that every rank runs at
 and nothing is logged with ``sync_dist``: Lightning computes synced epoch metrics lazily, on rank 0
 as early as its progress bar asks for them, which deadlocks against any collective the other ranks
 are in. Logged values are already global when logged. A training step reads nothing on the host
-(asr.train.intervals): its two sums over ranks (the global batch's loss and tokens, whether any rank's
+(asr.intervals): its two sums over ranks (the global batch's loss and tokens, whether any rank's
 update is non-finite) are queued on the device, and what the host logs and checks is counted on the
 device (asr.train.tally) and read at logging steps. A run bounded by ``--trainer.max_time`` anneals its
 lr (WarmupCosine) by the Timer's clock: one process's at every step; with several ranks, the ranks'
@@ -37,6 +37,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
+from asr.intervals import all_sum, host_step
 from asr.models.config import EncoderConfig
 from asr.models.transducer import TransducerConfig
 from asr.scoring import score
@@ -45,7 +46,6 @@ from asr.specaugment import SpecAugment, SpecAugmentConfig
 from asr.tokenizer import Tokenizer
 from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
-from asr.train.intervals import all_sum, host_step
 from asr.train.legacy import as_setting, current_names, group_settings
 from asr.train.objectives import build_objective
 from asr.train.schedule import WarmupCosine

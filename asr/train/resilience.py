@@ -45,7 +45,7 @@ from pytorch_lightning.utilities import rank_zero_info
 
 from asr.atomic import write_atomically
 from asr.data.faults import DataFaultError
-from asr.train.intervals import host_step
+from asr.intervals import host_step
 
 # Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
 # far above any collective of a healthy run (a checkpoint write on rank 0, every rank's first compiled step).
@@ -99,7 +99,7 @@ class Preemption(pl.Callback):
 
     The signal only sets a flag (a handler must not enter a collective: Lightning's own SIGTERM handler
     broadcasts from inside the handler and deadlocks). One process checks it after every optimizer step.
-    Several ranks sum their flags, one tiny all-reduce, at each logging step (asr.train.intervals, every
+    Several ranks sum their flags, one tiny all-reduce, at each logging step (asr.intervals, every
     ``trainer.log_every_n_steps``), so all stop after the same step even when only one was signalled: the
     first logging step at or after the signal's, up to log_every_n_steps - 1 steps later than one process
     would. Lightning's own check, a broadcast and a host read every batch, is off while these handlers are on.

@@ -1,5 +1,5 @@
 """ASRModule's updates without a host read: whether to skip one (``any_nonfinite``, ``skip_update``), and
-their count (``UpdateTally``), kept on the device and read on the host only at logging steps (asr.train.intervals).
+their count (``UpdateTally``), kept on the device and read on the host only at logging steps (asr.intervals).
 
     interval  (loss sum, tokens) of the updates taken since the last read -> train/loss_step, per token
     epoch     (loss sum, tokens, per-token loss x utterances, utterances) of this epoch's updates taken ->

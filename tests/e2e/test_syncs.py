@@ -1,5 +1,5 @@
 """docs/scale-out.md's DDP and FSDP commands: between logging steps a training step reads nothing on the host
-and enters only the two sums over ranks it needs, queued on the device (asr.train.intervals), counted on every
+and enters only the two sums over ranks it needs, queued on the device (asr.intervals), counted on every
 rank by tests.syncs.SyncCounter. Before issue 43 each step on rank 0 made 7 host reads, 4 all-reduces, 4 barriers
 and a broadcast."""
 

@@ -1,4 +1,4 @@
-"""A training step never waits for the device (asr.train.intervals): no host read between logging steps, counted
+"""A training step never waits for the device (asr.intervals): no host read between logging steps, counted
 by tests.syncs.SyncCounter on a CPU and by torch's sync debug mode on a GPU; what is read at the logging steps is
 what the steps computed; a non-finite update is skipped on the device and said, counted and stopped at a read."""
 

@@ -28,12 +28,12 @@ from asr.data.shard_run import check_partition, check_shard_settings, shard_list
 from asr.data.shards import ShardIndex
 from asr.data.stream_loader import StreamLoader
 from asr.data.sources import Source, source_for
+from asr.data.workers import end_data_workers_at_exit, init_data_worker
 from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.subsampling import encoder_frames
 from asr.settings import plain_settings
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, NotATokenizer, Tokenizer
-from asr.train.resilience import end_data_workers_at_exit, init_data_worker
 
 
 BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and file dropped, FILE:LINE: reason

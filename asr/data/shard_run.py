@@ -11,9 +11,9 @@ import torch
 from asr.data.dataset import as_collated
 from asr.data.faults import DataFaults
 from asr.data.shards import CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream
-from asr.data.stream_loader import StreamLoader
+from asr.data.stream_loader import SignalStop, StreamLoader
+from asr.data.workers import end_data_workers_at_exit, init_data_worker
 from asr.tokenizer import Tokenizer
-from asr.train.resilience import Preemption, end_data_workers_at_exit, init_data_worker
 
 
 def shard_list(train_shards: str | list[str] | None) -> list[str]:
@@ -110,5 +110,5 @@ def stream_loader(data) -> StreamLoader:
         "train", DataFaults("train", size, hp.max_dropped_share, trainer, data.bad_lines_file,
                             "Check or write the shards again (python -m asr.shard)"))
     loader.stall_seconds, loader.trainer = hp.shard_stall_seconds, trainer
-    loader.preemption = next((c for c in trainer.callbacks if isinstance(c, Preemption)), None) if trainer else None
+    loader.preemption = next((c for c in trainer.callbacks if isinstance(c, SignalStop)), None) if trainer else None
     return loader

@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader
 
@@ -38,6 +39,18 @@ from asr.data.faults import DataFaults, DataStalled
 from asr.data.manifest import SHOWN_PROBLEMS
 
 POLL_SECONDS = 0.5  # how often a wait for a batch looks at the readers' notes, the clock and the signals
+
+
+@runtime_checkable
+class SignalStop(Protocol):
+    """What a wait for a batch heeds of the run's preemption callback (asr.train.resilience.Preemption, found among
+    the trainer's callbacks by these members)."""
+
+    received: str | None  # the name of the signal this rank heard; None: none yet
+
+    def stop(self, trainer) -> None:
+        """Write last.ckpt where this process trained and raise (the run exits as after a step)."""
+        ...
 
 
 class Fetcher:
@@ -138,11 +151,11 @@ class Watch:
 class StreamLoader(DataLoader):
     """The DataLoader of a ``ShardStream`` (see the module's doc). Set before iterating: ``faults`` (this split's
     DataFaults; None: nothing counted, and a stall raises at once), ``stall_seconds``, ``preemption`` (the run's
-    asr.train.resilience.Preemption callback, whose signal a wait heeds; None: none) and ``trainer``."""
+    Preemption callback, a SignalStop, whose signal a wait heeds; None: none) and ``trainer``."""
 
     faults: DataFaults | None = None
     stall_seconds: float = 0.0
-    preemption = None
+    preemption: SignalStop | None = None
     trainer = None
     stopping: str | None = None  # why this rank stopped waiting: a stall's reasons, or a signal's name
 

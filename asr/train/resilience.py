@@ -8,6 +8,7 @@
   optimizer step (one process: the current one; several: the next logging step), write ``last.ckpt`` once
   (weights, optimizer, schedule, loop and sampler position) and exit, with status 0 (130 after Ctrl-C, as an
   interrupted command). Under SLURM, SIGUSR1 also requeues the job. A second signal ends the process at once.
+  Data workers ignore these signals and end with their rank (asr.data.workers).
   A shard stream that waits for a batch heeds the signal too (asr.data.stream_loader), and a run that its data
   stops (asr.data.faults.DataFaultError: too many failures, or a stream that stalled) writes ``last.ckpt`` first
   where it trained.
@@ -19,17 +20,13 @@
 
 from __future__ import annotations
 
-import atexit
 import errno
-import functools
 import math
-import multiprocessing.util  # registers multiprocessing's exit handler before ours (see end_data_workers_at_exit)
 import os
 import re
 import shutil
 import signal
 import subprocess
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +34,6 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins import TorchCheckpointIO
-from lightning_fabric.utilities.seed import pl_worker_init_function
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.loop import _Loop
@@ -45,12 +41,12 @@ from pytorch_lightning.utilities import rank_zero_info
 
 from asr.atomic import write_atomically
 from asr.data.faults import DataFaultError
+from asr.data.workers import PREEMPTION_SIGNALS
 from asr.intervals import host_step
 
 # Lightning's 30 minutes leave a deadlocked job burning its devices for half an hour. Ten minutes is
 # far above any collective of a healthy run (a checkpoint write on rank 0, every rank's first compiled step).
 COLLECTIVE_TIMEOUT_MINUTES = 10.0
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # SIGINT: Ctrl-C
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -186,38 +182,6 @@ class Preemption(pl.Callback):
             return False
         flag = torch.tensor([1.0 if self.received else 0.0], device=trainer.strategy.root_device)
         return bool(trainer.strategy.reduce(flag, reduce_op="sum").item())
-
-
-def init_data_worker(worker_id: int, rank: int = 0) -> None:
-    """DataLoader ``worker_init_fn``: seed the worker from (seed, worker, rank) as Lightning's own
-    ``pl_worker_init_function`` does (which a custom worker_init_fn replaces; without the rank, every
-    rank would draw the same augmentations), and ignore the preemption signals: SLURM and machine
-    shutdowns signal every process, and a data worker killed by it would fail its rank before the
-    checkpoint; workers end with their rank instead."""
-    pl_worker_init_function(worker_id, rank)
-    for signum in PREEMPTION_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-
-
-@functools.cache
-def end_data_workers_at_exit() -> None:
-    """Call in the process that starts workers with ``init_data_worker``. At interpreter exit,
-    multiprocessing stops daemonic children with SIGTERM and then joins them; a worker that ignores
-    SIGTERM and whose loader is still alive (persistent workers of a DataModule that a script or test
-    still holds) would be joined forever. This runs first (atexit is last in, first out)."""
-    atexit.register(_end_daemonic_children)
-
-
-def _end_daemonic_children(grace_seconds: float = 1.0) -> None:
-    """SIGTERM every daemonic child, as multiprocessing would; SIGKILL those still alive after the grace."""
-    children = [child for child in multiprocessing.active_children() if child.daemon]
-    for child in children:
-        child.terminate()
-    deadline = time.monotonic() + grace_seconds
-    for child in children:
-        child.join(max(0.0, deadline - time.monotonic()))
-        if child.is_alive():
-            child.kill()
 
 
 def last_checkpoint_path(trainer: pl.Trainer) -> Path:

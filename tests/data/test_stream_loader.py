@@ -16,7 +16,7 @@ from asr.data import faults as faults_module
 from asr.data import shards as shards_module
 from asr.data.faults import DataFaultError, DataFaults, DataStalled
 from asr.data.shards import ShardIndex, ShardStream
-from asr.data.stream_loader import StreamLoader, Watch
+from asr.data.stream_loader import SignalStop, StreamLoader, Watch
 from asr.tools.shard import shard
 from tests.data.test_shards import batcher, mini
 from tests.servers import web_server
@@ -87,7 +87,7 @@ def test_a_server_that_stops_answering_stops_the_stream_after_stall_seconds_nami
 
 
 class Preemption:
-    """What the loader needs of asr.train.resilience.Preemption: the signal heard, and ``stop``."""
+    """What the loader needs of asr.train.resilience.Preemption (a SignalStop): the signal heard, and ``stop``."""
 
     class Stopped(Exception):
         pass
@@ -96,6 +96,16 @@ class Preemption:
 
     def stop(self, trainer) -> None:
         raise self.Stopped(self.received)
+
+
+def test_the_runs_preemption_callback_is_the_one_a_wait_heeds():
+    """asr.data.shard_run finds the callback among the trainer's by SignalStop's members; no other of asr.fit's."""
+    from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+
+    from asr.train.resilience import Preemption as RunPreemption
+
+    assert isinstance(RunPreemption(), SignalStop)
+    assert not any(isinstance(c, SignalStop) for c in (ModelCheckpoint(), LearningRateMonitor(), TQDMProgressBar()))
 
 
 def test_a_signal_ends_a_wait_that_would_last_for_ever(small, monkeypatch):

@@ -305,24 +305,6 @@ def test_a_rank_stuck_past_the_collective_timeout_ends_the_job_naming_rank_and_h
         pytest.fail("a rank outlived the job that timed out")
 
 
-def test_data_workers_of_different_ranks_draw_different_augmentations_and_ignore_preemption():
-    """A custom worker_init_fn replaces Lightning's rank-aware seeding: ours must seed by rank too."""
-    from asr.train.resilience import PREEMPTION_SIGNALS, init_data_worker
-
-    saved = {signum: signal.getsignal(signum) for signum in PREEMPTION_SIGNALS}
-    try:
-        def draws(rank: int) -> torch.Tensor:
-            torch.manual_seed(1234)  # every rank's main process is seeded alike (seed_everything)
-            init_data_worker(0, rank)
-            return torch.rand(4)
-
-        assert torch.equal(draws(0), draws(0)) and not torch.equal(draws(0), draws(1))
-        assert all(signal.getsignal(signum) == signal.SIG_IGN for signum in PREEMPTION_SIGNALS)
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-
-
 def test_only_a_collective_that_timed_out_counts_as_one():
     from asr.train.resilience import is_collective_timeout
 

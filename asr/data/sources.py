@@ -1,5 +1,6 @@
 """Data sources: where a split's utterances and their audio come from. ``Source`` is the contract the DataModule's
-map-style path batches from; ``ManifestSource`` (NeMo's JSON lines, asr.data.manifest) is its one implementation.
+map-style path batches from and asr.transcribe's inputs are listed by: ``ManifestSource`` (NeMo's JSON lines,
+asr.data.manifest), ``AudioFiles`` (an audio file, or a folder of them: transcription's, no text).
 Streamed training data (Lhotse Shar shards) is asr.data.shards: a stream has no ``parse`` of every entry.
 
     source.parse() -> (utterances, problems)        every entry, and the entries malformed as written
@@ -8,16 +9,22 @@ Streamed training data (Lhotse Shar shards) is asr.data.shards: a stream has no 
 
 An utterance is an ``asr.data.manifest.Utterance`` (source: "FILE:LINE", audio_filepath, duration, text,
 offset). ``source_for(path, flag)`` picks the source for a path: the one place a new kind plugs in.
+``read_utterance`` is the one reader of an utterance's audio (training, asr.shard, asr.transcribe).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from asr.audio import AudioError, check_finite, load_audio
 from asr.data import manifest as mf
+
+AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")  # what a folder's listing takes
+MANIFEST_SUFFIXES = (".json", ".jsonl")  # a file given for transcription is a manifest by these, else audio
 
 
 class Source(Protocol):
@@ -30,16 +37,33 @@ class Source(Protocol):
     def read(self, utt: mf.Utterance) -> tuple[np.ndarray, int]: ...
 
 
-class ManifestSource:
-    """A JSON-lines manifest; each line's audio file is opened at start-up (``check``: header, rate, length)."""
+def read_utterance(utt: mf.Utterance) -> tuple[np.ndarray, int]:
+    """The utterance's samples (n,) float32 and rate: the one reader of an utterance's audio, whatever listed it.
+    AudioError naming it (its FILE:LINE, and the file) if they cannot be read, are not finite, or are shorter than
+    its duration says (a file cut short since it was checked)."""
+    path = str(utt.audio_filepath)
+    try:
+        samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
+        check_finite(samples, path)
+        if mf.shorter_than_said(len(samples) / rate, utt.duration):
+            raise AudioError(f"{path}: holds {len(samples) / rate:.3f} s, {utt.duration:.3f} s expected (its line, or "
+                             "its header at start-up): cut short since it was listed")
+    except AudioError as err:  # its message names the file; a manifest line adds FILE:LINE
+        raise AudioError(str(err) if utt.source in ("", path) else f"{utt.source}: {err}") from err
+    return samples, rate
 
-    def __init__(self, path: str, flag: str):
-        self.name, self.flag = path, flag
+
+class ManifestSource:
+    """A JSON-lines manifest; each line's audio file is opened at start-up (``check``: header, rate, length).
+    ``required``: the keys a line must have (asr.data.manifest.TRAINING_KEYS, or TRANSCRIPTION_KEYS)."""
+
+    def __init__(self, path: str, flag: str, required: tuple[str, ...] = mf.TRAINING_KEYS):
+        self.name, self.flag, self.required = path, flag, required
 
     def parse(self) -> tuple[list[mf.Utterance], list[mf.Problem]]:
         """``mf.parse_manifest``; a manifest that cannot be opened is a ManifestError naming its flag."""
         try:
-            return mf.parse_manifest(self.name)
+            return mf.parse_manifest(self.name, self.required)
         except OSError as err:
             raise mf.ManifestError(f"{self.flag}: {err}") from err
 
@@ -47,19 +71,34 @@ class ManifestSource:
         return mf.check_audio(utt, sample_rate, resample)
 
     def read(self, utt: mf.Utterance) -> tuple[np.ndarray, int]:
-        """The utterance's samples and rate; AudioError naming its line if they cannot be read, are not finite,
-        or are shorter than start-up found (the file was cut short since)."""
-        try:
-            samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
-            check_finite(samples, "audio")
-            if mf.shorter_than_said(len(samples) / rate, utt.duration):
-                raise AudioError(f"{utt.audio_filepath}: {len(samples) / rate:.3f} s of audio where start-up "
-                                 f"found {utt.duration:.3f} s: cut short since")
-        except AudioError as err:
-            raise AudioError(f"{utt.source}: {err}") from err
-        return samples, rate
+        return read_utterance(utt)
 
 
-def source_for(path: str, flag: str) -> Source:
-    """The source of ``path`` (given by ``flag``, e.g. data.train_manifest): a JSON-lines manifest today."""
-    return ManifestSource(path, flag)
+class AudioFiles(ManifestSource):
+    """An audio file, or a folder and every audio file below it (sorted): utterances without text, for
+    transcription. A folder without audio, or one that cannot be read, is a Problem naming it."""
+
+    def parse(self) -> tuple[list[mf.Utterance], list[mf.Problem]]:
+        if "text" in self.required:
+            raise mf.ManifestError(f"{self.flag}: {self.name} is a folder or audio file: training and evaluation "
+                                   "need a manifest of its utterances with their text (docs/data.md)")
+        root = Path(self.name)
+        if not root.is_dir():
+            return [mf.Utterance(root, 0.0, "", source=self.name)], []
+        errors: list[OSError] = []
+        files = sorted(Path(folder) / name for folder, _, names in os.walk(root, onerror=errors.append)
+                       for name in names if Path(name).suffix.lower() in AUDIO_SUFFIXES)
+        problems = [mf.Problem(err.filename, "unreadable folder", err.strerror or str(err), Path(err.filename))
+                    for err in errors]
+        if not files and not problems:
+            problems.append(mf.Problem(self.name, "no audio", f"no audio files ({', '.join(AUDIO_SUFFIXES)}) below "
+                                       "this folder", root))
+        return [mf.Utterance(p, 0.0, "", source=str(p)) for p in files], problems
+
+
+def source_for(path: str, flag: str, required: tuple[str, ...] = mf.TRAINING_KEYS) -> Source:
+    """The source of ``path`` (given by ``flag``, e.g. data.train_manifest): a folder, or where text is not
+    required a file without a manifest's suffix, is audio files (AudioFiles); anything else a JSON-lines manifest."""
+    if Path(path).is_dir() or ("text" not in required and Path(path).suffix.lower() not in MANIFEST_SUFFIXES):
+        return AudioFiles(path, flag, required)
+    return ManifestSource(path, flag, required)

@@ -10,21 +10,19 @@ others and each is reported as ``SOURCE: reason``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from asr.data import manifest as mf
+from asr.data.sources import AudioFiles, source_for
 from asr.inference.result import Result
-
-AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")  # what a folder's listing takes
-MANIFEST_SUFFIXES = (".json", ".jsonl")
 
 
 def collect(inputs: list[str]) -> list[tuple[mf.Utterance | mf.Problem, str]]:
     """Audio files, folders (every audio file below, sorted) and manifests -> (utterance, output name),
-    in the order given. What cannot be used (a missing path, a folder without audio or that cannot be
-    read, a manifest line that is not an utterance) is a Problem in its place, naming it.
+    in the order given, each listed by its source (asr.data.sources.source_for). What cannot be used (a
+    missing path, a folder without audio or that cannot be read, a manifest line that is not an utterance)
+    is a Problem in its place, naming it.
 
     The output name is the audio's path relative to the folder or manifest it came from (a file
     given on its own: its name), without the audio suffix; a manifest line with an offset adds "@offset".
@@ -32,40 +30,27 @@ def collect(inputs: list[str]) -> list[tuple[mf.Utterance | mf.Problem, str]]:
     found = []
     for name in inputs:
         path = Path(name)
-        if path.is_dir():
-            found += _folder(path)
-        elif not path.exists():
+        if not path.exists():
             found.append((mf.Problem(name, "missing input", "no such audio file, folder or manifest", path), name))
-        elif path.suffix.lower() in MANIFEST_SUFFIXES:
-            found += _manifest(path)
-        else:
-            found.append((mf.Utterance(path, 0.0, "", source=name), path.stem))
+            continue
+        source = source_for(name, "input", mf.TRANSCRIPTION_KEYS)
+        try:
+            utterances, problems = source.parse()
+        except mf.ManifestError as err:
+            reason = err.__cause__.strerror if isinstance(err.__cause__, OSError) else None
+            found.append((mf.Problem(name, "unreadable manifest", reason or str(err), path), name))
+            continue
+        if not path.is_dir() and isinstance(source, AudioFiles):
+            found += [(utt, path.stem) for utt in utterances]
+            continue
+        root = path if path.is_dir() else path.parent
+        lines = utterances + problems if path.is_dir() else sorted(
+            utterances + problems, key=lambda item: int(item.source.rpartition(":")[2]))
+        if not lines:
+            lines = [mf.Problem(name, "empty manifest", "no lines", path)]
+        found += [(u, output_name(u.audio_filepath, root, u.offset if u.has_offset else None)
+                   if isinstance(u, mf.Utterance) else u.source) for u in lines]
     return found
-
-
-def _folder(folder: Path) -> list[tuple[mf.Utterance | mf.Problem, str]]:
-    errors: list[OSError] = []
-    files = [Path(root) / name for root, _, names in os.walk(folder, onerror=errors.append)
-             for name in names if Path(name).suffix.lower() in AUDIO_SUFFIXES]
-    found = [(mf.Utterance(p, 0.0, "", source=str(p)), output_name(p, folder)) for p in sorted(files)]
-    found += [(mf.Problem(err.filename, "unreadable folder", err.strerror or str(err), Path(err.filename)),
-               err.filename) for err in errors]
-    if not found:
-        detail = f"no audio files ({', '.join(AUDIO_SUFFIXES)}) below this folder"
-        found.append((mf.Problem(str(folder), "no audio", detail, folder), str(folder)))
-    return found
-
-
-def _manifest(path: Path) -> list[tuple[mf.Utterance | mf.Problem, str]]:
-    try:
-        utterances, problems = mf.parse_manifest(path, mf.TRANSCRIPTION_KEYS)
-    except OSError as err:
-        return [(mf.Problem(str(path), "unreadable manifest", err.strerror or str(err), path), str(path))]
-    lines = sorted(utterances + problems, key=lambda item: int(item.source.rpartition(":")[2]))
-    if not lines:
-        return [(mf.Problem(str(path), "empty manifest", "no lines", path), str(path))]
-    return [(u, output_name(u.audio_filepath, path.parent, u.offset if u.has_offset else None)
-             if isinstance(u, mf.Utterance) else u.source) for u in lines]
 
 
 def output_name(audio: Path, root: Path, offset: float | None = None) -> str:

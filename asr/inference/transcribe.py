@@ -21,6 +21,7 @@ snapped to the speech in the audio, confidences from the alignment (asr.inferenc
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -29,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr.audio import AudioError, check_finite, frame_samples, load_audio, resample
+from asr.audio import AudioError, frame_samples, resample
 from asr.data import manifest as mf
 from asr.data.sampler import BucketBatchSampler
+from asr.data.sources import read_utterance
 from asr.inference.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
 from asr.inference.acoustic import AcousticModel, CheckpointModel, load_model
 from asr.inference.decoding import Decoder
@@ -39,7 +41,8 @@ from asr.inference.focus import SECOND_PASS, speech_span
 from asr.inference.inputs import check_all, failed, in_order
 from asr.inference.longform import read_frames, segments, stitched
 from asr.inference.result import Result, Word, confident, hops_per_frame, loudness, words_of
-from asr.inference.streaming import ENDPOINT_SECONDS, MAX_SEGMENT_SECONDS, Session, Update, chunk_frames, streaming_model
+from asr.inference.streaming import (ENDPOINT_SECONDS, MAX_SEGMENT_SECONDS, Session, StreamingModel, Update, chunk_frames,
+                                     streaming_model)
 from asr.train.module import ASRModule
 from asr.train.objectives import CTC, Decoding
 
@@ -163,10 +166,9 @@ class Transcriber:
     def _load(self, utt: mf.Utterance) -> torch.Tensor | Result:
         """The utterance's samples at the model's rate (n,) float32, or a failed Result naming it."""
         try:
-            samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
-            check_finite(samples, str(utt.audio_filepath))
-        except AudioError as err:  # load_audio's message names the file; a manifest line adds FILE:LINE
-            return failed(utt, str(err) if utt.source == str(utt.audio_filepath) else f"{utt.source}: {err}")
+            samples, rate = read_utterance(utt)
+        except AudioError as err:
+            return failed(utt, str(err))
         return resample(torch.from_numpy(samples), rate, self.sample_rate)
 
     @torch.inference_mode()
@@ -267,8 +269,14 @@ class Transcriber:
         whole number of the model's frames (None: its model.encoder.chunk_frames); ``endpoint_seconds`` of silent
         frames after speech end a segment, ``max_segment_seconds`` bound one. ValueError for a model that cannot
         stream."""
-        model = streaming_model(self.model)
+        model = self.streaming_model
         return Session(self, model, chunk_frames(model, chunk_seconds), endpoint_seconds, max_segment_seconds)
+
+    @functools.cached_property
+    def streaming_model(self) -> StreamingModel:
+        """The model as a StreamingModel (asr.inference.streaming), one for all of its streams, so that they can be
+        stepped together (asr.inference.batched); ValueError for a model that cannot stream."""
+        return streaming_model(self.model)
 
     def stream(self, pieces: Iterable[np.ndarray | torch.Tensor], chunk_seconds: float | None = None,
                endpoint_seconds: float = ENDPOINT_SECONDS, max_segment_seconds: float = MAX_SEGMENT_SECONDS

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from asr.atomic import write_atomically
-from asr.data.manifest import Utterance, parse_manifest
+from asr.data.manifest import Utterance
+from asr.data.sources import ManifestSource
 
 
 def subset_path(out: Path, fraction: float) -> Path:
@@ -34,7 +35,7 @@ def draw_subsets(manifest: str, fractions: list[float], seed: int, out: Path) ->
 
     Returns {fraction: {"utterances", "hours"}}, also written to OUT/data/subsets.json.
     """
-    utterances, problems = parse_manifest(manifest)
+    utterances, problems = ManifestSource(manifest, "--data.train_manifest").parse()
     if problems:
         print(f"asr.study: {len(problems)} bad lines of {manifest} are in no subset (first: {problems[0]})",
               file=sys.stderr)  # stdout stays the commands of --print_commands

@@ -39,9 +39,10 @@ import soundfile
 import torch
 
 from asr.atomic import write_atomically
-from asr.audio import AudioError, check_finite, load_audio, resample
+from asr.audio import AudioError, resample
 from asr.data import manifest as mf
 from asr.data.module import BAD_LINES_FILE
+from asr.data.sources import ManifestSource, read_utterance
 from asr.data.shards import BUCKETS, INDEX, TOKENIZER, ShardIndex, equal_duration_bins
 from asr.hardware import usable_cores
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, MODEL_TYPES, Tokenizer
@@ -66,15 +67,8 @@ def cut_line(cut_id: str, seconds: float, sample_rate: int, samples: int, text: 
 
 def read_checked(utt: mf.Utterance, sample_rate: int) -> tuple[torch.Tensor, int]:
     """The utterance's audio at ``sample_rate``, and the rate the file holds; AudioError naming its line if
-    unreadable, not finite or short."""
-    try:
-        samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
-        check_finite(samples, str(utt.audio_filepath))
-    except AudioError as err:
-        raise AudioError(f"{utt.source}: {err}") from err
-    if mf.shorter_than_said(len(samples) / rate, utt.duration):
-        raise AudioError(f"{utt.source}: {utt.audio_filepath} holds {len(samples) / rate:.3f} s, the line says "
-                         f"{utt.duration:g} s")
+    unreadable, not finite or short (asr.data.sources.read_utterance)."""
+    samples, rate = read_utterance(utt)
     return resample(torch.from_numpy(samples), rate, sample_rate), rate
 
 
@@ -179,9 +173,9 @@ def read_manifests(manifests: list[str], say: Callable[[str], None]) -> tuple[li
     utterances, problems, first, repeats = [], [], {}, []
     for path in manifests:
         try:
-            good, bad = mf.parse_manifest(path)
-        except OSError as err:
-            raise ShardError(f"manifest {path}: {err}") from err
+            good, bad = ManifestSource(path, "manifest").parse()
+        except mf.ManifestError as err:
+            raise ShardError(f"manifest {path}: {err.__cause__ or err}") from err
         for utt in good:
             key = (os.path.abspath(utt.audio_filepath), utt.offset, utt.duration)
             if key in first:

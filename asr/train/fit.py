@@ -44,7 +44,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from asr.audio import AudioError
-from asr.checkpoint import load_file
+from asr.checkpoint import load_file, outline
 from asr.configs import CONFIGS, map_configs, resolve
 from asr.data.manifest import ManifestError
 from asr.data.module import ASRDataModule
@@ -59,7 +59,6 @@ from asr.train.module import ASRModule, NonFiniteLossError
 from asr.train.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,
                             is_collective_timeout, last_checkpoints, set_collective_timeout)
 from asr.tokenizer import Tokenizer
-from asr.tools.convert import outline
 
 DEFAULT_CONFIG = CONFIGS / "recipes" / "demo.yaml"  # what `python -m asr.fit` runs without a --config
 TRAINER_DEFAULTS = CONFIGS / "trainer.yaml"  # the Trainer's defaults in asr, read into the parser's defaults
@@ -198,7 +197,7 @@ def check_hardware(trainer, cuda: bool | None = None) -> None:
 
 def read_checkpoint(path: str) -> dict:
     """A checkpoint file's contents (tensors memory-mapped), or a sharded folder's outline (no tensor read:
-    asr.tools.convert.outline); ConfigError naming --ckpt_path if unreadable."""
+    asr.checkpoint.outline); ConfigError naming --ckpt_path if unreadable."""
     if Path(path).is_dir():
         try:
             return outline(path)

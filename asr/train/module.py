@@ -36,6 +36,7 @@ from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_warn
 
 from asr.audio import FeatureConfig
+from asr.checkpoint import merge
 from asr.data.batch import Batch
 from asr.intervals import all_sum, host_step
 from asr.models.config import EncoderConfig
@@ -139,11 +140,9 @@ class ASRModule(pl.LightningModule):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "ASRModule":
-        """Rebuild from one checkpoint file, or a sharded checkpoint folder (asr.tools.convert.merge, on the CPU),
+        """Rebuild from one checkpoint file, or a sharded checkpoint folder (asr.checkpoint.merge, on the CPU),
         without executing pickled code (weights_only load)."""
         if Path(path).is_dir():
-            from asr.tools.convert import merge  # here: only a folder needs torch.distributed.checkpoint (48 ms)
-
             checkpoint = merge(path)
         else:
             checkpoint = torch.load(path, map_location=map_location, weights_only=True)

@@ -20,7 +20,7 @@ from tests.cli import CHAR_FRAMES
 BREAK = {
     "deleted": lambda path: path.unlink(),
     "truncated": lambda path: path.write_bytes(path.read_bytes()[:40]),
-    # a WAV whose header says what it holds, half of what start-up found: "0.500 s ... cut short since"
+    # a WAV whose header says what it holds, half of what start-up found: "holds 0.500 s, 1.000 s expected ... cut short"
     "cut short": lambda path: soundfile.write(path, np.full(8000, 0.1, np.float32), 16000, format="WAV"),
 }
 
@@ -35,7 +35,7 @@ def test_an_utterance_whose_audio_broke_after_setup_is_dropped_from_its_batch_an
     assert len(batch.dropped) == 1 and batch.dropped[0].startswith(f"{corpus.train}:1: ")
     assert "a.flac" in batch.dropped[0]
     if how == "cut short":
-        assert "0.500 s of audio where start-up found 1.000 s: cut short since" in batch.dropped[0]
+        assert "holds 0.500 s, 1.000 s expected (its line, or its header at start-up): cut short" in batch.dropped[0]
 
 
 def test_a_batch_whose_every_utterance_broke_holds_the_next_readable_one_so_every_rank_still_steps(corpus):

@@ -73,7 +73,7 @@ def test_bad_lines_are_listed_and_not_written_and_a_finished_folder_is_not_overw
     shard(tmp_path / "out", [str(manifest)], shard_size=8, max_dropped_share=0.2)
     listed = (tmp_path / "out" / "bad_lines.txt").read_text()
     assert f"{manifest}:21" in listed and f"{manifest}:22" in listed and f"{manifest}:23" in listed
-    assert "holds 0.500 s, the line says 2 s" in listed
+    assert "holds 0.500 s, 2.000 s expected" in listed
     assert sum(texts_of(tmp_path / "out").values()) == 20
     with pytest.raises(ShardError, match="already holds shards"):
         shard(tmp_path / "out", [str(manifest)])

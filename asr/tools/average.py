@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 
 from asr.atomic import write_atomically
-from asr.checkpoint import missing, precious
+from asr.checkpoint import merge, missing, outline, precious
 from asr.settings import dotted
-from asr.tools.convert import merge, outline
 
 MONITOR = "val/wer"  # what --best ranks by; lower is better
 WER_IN_NAME = re.compile(r"wer(\d+(?:\.\d+)?)")  # configs/trainer.yaml: "epoch{epoch:03d}-wer{val/wer:.4f}"
@@ -50,7 +49,7 @@ class AverageError(ValueError):
 
 
 def load(path: Path, weights: bool = True) -> dict:
-    """A checkpoint written by asr.fit, a file or a sharded folder (asr.tools.convert.merge), read without running
+    """A checkpoint written by asr.fit, a file or a sharded folder (asr.checkpoint.merge), read without running
     pickled code; ``weights=False``: a folder's tensors are not read (``outline``), for ranking it."""
     try:
         if path.is_dir():

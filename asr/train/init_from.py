@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from asr.checkpoint import load_file, missing
+from asr.checkpoint import load_file, merge, missing
 from asr.settings import ConfigError, dotted
 from asr.tokenizer import Tokenizer
-from asr.tools.convert import merge
 from asr.train.finetune import MIN_LOADED_SHARE, FineTune, matches
 from asr.train.legacy import current_names
 from asr.train.module import ASRModule
@@ -29,7 +28,7 @@ from asr.train.module import ASRModule
 
 def read_weights(path: str) -> dict:
     """``path``'s weights (today's names), tokenizer and hyper-parameters: a checkpoint file of asr.fit or
-    asr.average, or a sharded checkpoint folder (asr.tools.convert.merge); ConfigError naming the flag."""
+    asr.average, or a sharded checkpoint folder (asr.checkpoint.merge); ConfigError naming the flag."""
     flag = "--model.init_from"
     if Path(path).is_dir():
         try:

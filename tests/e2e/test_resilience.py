@@ -23,7 +23,7 @@ import pytest
 import soundfile
 import torch
 
-from asr.tools.convert import merge
+from asr.checkpoint import merge
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION
 from tests.faults import signal_at

@@ -17,9 +17,10 @@ import soundfile
 import torch
 from pytorch_lightning.strategies import DDPStrategy
 
+from asr.checkpoint import merge
 from asr.inference.transcribe import Transcriber
 from asr.tokenizer import Tokenizer
-from asr.tools.convert import convert, merge
+from asr.tools.convert import convert
 from asr.train.fit import ConfigError, build, check_hardware
 from asr.train.fsdp import ShardedStrategy
 from tests import MINI, REPO

@@ -18,7 +18,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from asr.tools.convert import METADATA, convert, main
+from asr.checkpoint import METADATA
+from asr.tools.convert import convert, main
 
 
 def trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from asr.tools.convert import merge
+from asr.checkpoint import merge
 from asr.train.fsdp import ShardedStrategy, replace
 from asr.train.resilience import CheckpointWriteError, Preempted
 

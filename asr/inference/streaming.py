@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from asr.audio import frame_samples
+from asr.inference.batched import advance_streams
 from asr.inference.result import Word, hops_per_frame, loudness, words_of
 from asr.models import streaming
 from asr.tokenizer import Tokenizer
@@ -79,7 +80,10 @@ class StreamingModel(Protocol):
 
     def stream_step(self, audio: torch.Tensor, state: Any, chunk: int, final: bool) -> tuple[torch.Tensor, Any]:
         """audio (n,) fp32 at sample_rate -> the frames (T', *) fp32 on the CPU of the chunks of ``chunk`` encoder
-        frames it completes (``final``: and of the rest), and the state after it."""
+        frames it completes (``final``: and of the rest), and the state after it.
+
+        A model may also have ``stream_steps(audios, states, chunks, finals)``: stream_step of several streams at
+        once, a list of its results (NetworkStream's: one encoder step over all of them, asr.inference.batched)."""
 
 
 class NetworkStream:
@@ -100,6 +104,13 @@ class NetworkStream:
                     ) -> tuple[torch.Tensor, streaming.StreamState]:
         frames, state = streaming.advance(self.network, audio[None].to(self.device), state, chunk, final)
         return (self.nothing if frames is None else frames[0]).float().cpu(), state
+
+    @torch.inference_mode()
+    def stream_steps(self, audios: list[torch.Tensor], states: list[streaming.StreamState], chunks: list[int],
+                     finals: list[bool]) -> list[tuple[torch.Tensor, streaming.StreamState]]:
+        """stream_step of several streams, one encoder step over all that complete a chunk (asr.inference.batched)."""
+        steps = advance_streams(self.network, [a[None].to(self.device) for a in audios], states, chunks, finals)
+        return [((self.nothing if frames is None else frames[0]).float().cpu(), state) for frames, state in steps]
 
 
 def streaming_model(model: Any) -> StreamingModel:
@@ -150,17 +161,27 @@ class Session:
 
     def feed(self, samples: np.ndarray | torch.Tensor) -> list[Update]:
         """The next audio, (n,) float at the model's rate; the Updates of the chunks it completed (maybe none)."""
-        audio = torch.as_tensor(samples, dtype=torch.float32).reshape(-1)
-        self.samples += len(audio)
-        self._hear(audio, final=False)
+        audio = self.heard(samples, final=False)
         frames, self.state = self.model.stream_step(audio, self.state, self.chunk, False)
-        return self._decode(frames, end=False) if len(frames) else []
+        return self.decoded(frames, final=False)
 
     def finish(self) -> list[Update]:
         """The end of the stream: its last frames decoded, and the last segment's final Update if it has any text."""
-        self._hear(torch.zeros(0), final=True)
-        frames, self.state = self.model.stream_step(torch.zeros(0), self.state, self.chunk, True)
-        return self._decode(frames, end=True)
+        audio = self.heard(torch.zeros(0), final=True)
+        frames, self.state = self.model.stream_step(audio, self.state, self.chunk, True)
+        return self.decoded(frames, final=True)
+
+    def heard(self, samples: np.ndarray | torch.Tensor, final: bool) -> torch.Tensor:
+        """feed's first half (asr.inference.batched steps the model between the halves): the next audio (n,) float
+        at the model's rate counted and its loudness kept (``final``: the stream's last); it, as (n,) float32."""
+        audio = torch.as_tensor(samples, dtype=torch.float32).reshape(-1)
+        self.samples += len(audio)
+        self._hear(audio, final)
+        return audio
+
+    def decoded(self, frames: torch.Tensor, final: bool) -> list[Update]:
+        """feed's (``final``: finish's) second half: the Updates of the model's new frames (T', *) (module docstring)."""
+        return self._decode(frames, end=final) if final or len(frames) else []
 
     @property
     def seconds(self) -> float:

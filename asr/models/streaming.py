@@ -26,7 +26,8 @@ Training draws each batch's C (``training_chunk``): full context with probabilit
 in 1 .. max_chunk_frames (WeNet U2's dynamic chunk training, Zhang et al. 2021), so one model serves several
 latencies and whole files. Outside training the encoder runs at ``chunk`` (model.encoder.chunk_frames unless set).
 
-``start`` and ``advance`` run a network (features, encoder, head) over a stream of audio pieces.
+``start`` and ``advance`` run a network (features, encoder, head) over a stream of audio pieces; ``stack`` and
+``unstack`` join streams' caches so that one step runs several streams, each at its own position.
 """
 
 from __future__ import annotations
@@ -281,32 +282,62 @@ def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: 
             ) -> tuple[torch.Tensor | None, StreamState]:
     """The next audio (B, n) of ``batch`` streams at the network's rate -> the frames (B, T', *) of every chunk of
     ``chunk`` encoder frames it completes (``network_frames``; None if it completes none), and the state after it.
-    Audio waits in the state until it completes a chunk, so the front end runs once a chunk. ``final``: the stream
-    ends with this audio; the rest is run as a last, shorter chunk (whole encoder frames) with the zeros a whole
-    file is padded with. Over a stream the frames are those of the network's whole-file forward with encoder.chunk =
-    ``chunk`` (to float rounding)."""
+    Audio waits in the state until it completes a chunk, so the front end runs once a chunk (``featurize``).
+    ``final``: the stream ends with this audio; the rest is run as a last, shorter chunk (whole encoder frames) with
+    the zeros a whole file is padded with. Over a stream the frames are those of the network's whole-file forward
+    with encoder.chunk = ``chunk`` (to float rounding)."""
+    state = featurize(network, audio, state, chunk, final)
+    encoder, feats, caches, outputs = network.encoder, state.feats, state.encoder, []
+    while take := step_frames(feats.shape[1], chunk, encoder.factor, final):
+        states, caches = encoder.step(feats[:, :take].to(next(encoder.parameters()).dtype), caches)
+        outputs.append(network_frames(network, states))
+        feats = feats[:, take:]
+    frames = torch.cat(outputs, dim=1) if outputs else None
+    return frames, StreamState(state.audio, feats[:, : 0 if final else feats.shape[1]], caches)
+
+
+def featurize(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: int, final: bool = False
+              ) -> StreamState:
+    """advance's front end: the next audio (B, n) into the state's feature frames (B, m, F), once it completes
+    the windows of the next chunk of ``chunk`` encoder frames (``final``: all of it, padded as a whole file is);
+    until then it waits in the state. The encoder's caches are left as they are."""
     if chunk < 1:
         raise ValueError(f"a stream runs in chunks of at least 1 encoder frame, got {chunk}")
-    encoder, f, cfg = network.encoder, network.encoder.factor, network.features.config
+    cfg = network.features.config
     audio = torch.cat([state.audio, audio.to(state.audio)], dim=1)
-    missing = chunk * f - state.feats.shape[1]  # feature frames the next chunk needs: their windows' samples
+    missing = chunk * network.encoder.factor - state.feats.shape[1]  # feature frames the next chunk needs
     if not final and audio.shape[1] < (missing - 1) * cfg.hop_length + cfg.win_length:
-        return None, StreamState(audio, state.feats, state.encoder)
+        return StreamState(audio, state.feats, state.encoder)
     if final:
         feats, _ = network.features(audio, torch.full((audio.shape[0],), audio.shape[1], device=audio.device))
         audio = audio[:, audio.shape[1]:]
     else:
         feats, used = network.features.complete_frames(audio)
         audio = audio[:, used:]
-    feats = torch.cat([state.feats, feats], dim=1)
-    dtype, outputs, caches = next(encoder.parameters()).dtype, [], state.encoder
-    while feats.shape[1] >= chunk * f or (final and feats.shape[1] >= f):
-        take = min(chunk * f, feats.shape[1] // f * f)
-        states, caches = encoder.step(feats[:, :take].to(dtype), caches)
-        outputs.append(network_frames(network, states))
-        feats = feats[:, take:]
-    frames = torch.cat(outputs, dim=1) if outputs else None
-    return frames, StreamState(audio, feats[:, : 0 if final else feats.shape[1]], caches)
+    return StreamState(audio, torch.cat([state.feats, feats], dim=1), state.encoder)
+
+
+def step_frames(waiting: int, chunk: int, factor: int, final: bool) -> int:
+    """Feature frames the next encoder step takes of ``waiting``: a chunk's (``chunk`` encoder frames of ``factor``),
+    or at a stream's end the rest in whole encoder frames; 0 while they are not there."""
+    if waiting >= chunk * factor or (final and waiting >= factor):
+        return min(chunk * factor, waiting // factor * factor)
+    return 0
+
+
+BATCH_DIMS = EncoderState(0, 1, 1, 1, 0)  # the dimension of each EncoderState tensor that counts streams
+
+
+def stack(states: list[EncoderState]) -> EncoderState:
+    """Several streams' EncoderStates as one, in order along each tensor's batch dimension, so that one
+    StreamingEncoder.step runs them all (each at its own position: the mask and rotations are per stream)."""
+    return EncoderState(*(torch.cat(parts, dim) for parts, dim in zip(zip(*states), BATCH_DIMS)))
+
+
+def unstack(state: EncoderState) -> list[EncoderState]:
+    """stack's inverse: the EncoderState of each stream (batch 1) of ``state``, as views of its tensors."""
+    streams = range(len(state.position))
+    return [EncoderState(*(t.narrow(dim, b, 1) for t, dim in zip(state, BATCH_DIMS))) for b in streams]
 
 
 def network_frames(network: nn.Module, states: torch.Tensor) -> torch.Tensor:

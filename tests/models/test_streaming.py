@@ -99,6 +99,26 @@ def test_the_caches_keep_their_size_however_long_the_stream():
 
 
 @torch.inference_mode()
+def test_stacked_caches_step_streams_at_different_positions_as_each_alone():
+    """stack joins streams' caches along their batch dimension and unstack splits them again: one step over a
+    stream at its start, one 1 s in and one 0.3 s in gives each the states and caches of its own step."""
+    model = streaming_model(4, chunk=3, left=5)
+    states = [streaming.start(model).encoder] + [streamed(model, noise(s, seed=i), 3)[1].encoder
+                                                 for i, s in enumerate((1.0, 0.3))]
+    feats = torch.randn(3, 12, model.encoder.subsampling.n_feats, generator=torch.Generator().manual_seed(5))
+    alone = [model.encoder.step(feats[i: i + 1], state) for i, state in enumerate(states)]
+    together, caches = model.encoder.step(feats, streaming.stack(states))
+    assert [int(s.position) for s in states] == [0, 25, 7]
+    for (states_alone, cache_alone), row, cache in zip(alone, together, streaming.unstack(caches)):
+        torch.testing.assert_close(row[None], states_alone, atol=1e-5, rtol=1e-5)
+        for name, tensor in cache._asdict().items():
+            assert tensor.shape == getattr(cache_alone, name).shape, name
+            torch.testing.assert_close(tensor, getattr(cache_alone, name), atol=1e-5, rtol=1e-5)
+    restacked = streaming.stack(streaming.unstack(caches))
+    assert all(torch.equal(a, b) for a, b in zip(restacked, caches))
+
+
+@torch.inference_mode()
 def test_padding_does_not_change_an_utterance():
     model = streaming_model(4)
     audio = torch.cat([noise(1.3), torch.zeros(1, 8000)], dim=1)

@@ -1,0 +1,101 @@
+"""asr.inference.batched: streams stepped together, started at different times and at different chunks, get
+exactly the frames, partials and finals each gets streamed alone, while their encoder steps are shared."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr.inference.acoustic import CheckpointModel
+from asr.inference.batched import advance_streams, feed_together
+from asr.inference.transcribe import Transcriber
+from asr.models import streaming
+from tests.streams import ToneStream, speech_and_pauses, streaming_module
+
+
+@pytest.fixture(autouse=True)
+def one_thread(keep_threads):
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def transcriber(char_tokenizer):
+    return Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
+
+
+def batch_sizes(network, monkeypatch) -> list[int]:
+    """The batch of every StreamingEncoder.step of ``network`` from now on."""
+    sizes, step = [], network.encoder.step
+
+    def counted(feats, state):
+        sizes.append(feats.shape[0])
+        return step(feats, state)
+
+    monkeypatch.setattr(network.encoder, "step", counted)
+    return sizes
+
+
+def schedule(streams: list[list[torch.Tensor]], starts: list[int]) -> list[list[tuple[int, torch.Tensor, bool]]]:
+    """Rounds of (stream, piece, final): stream i joins at round starts[i], gives one piece a round, and its round
+    after the last piece is its finish (an empty, final piece)."""
+    rounds = [[] for _ in range(max(s + len(p) + 1 for s, p in zip(starts, streams)))]
+    for i, (start, own) in enumerate(zip(starts, streams)):
+        for r, piece in enumerate(own):
+            rounds[start + r].append((i, piece, False))
+        rounds[start + len(own)].append((i, torch.zeros(0), True))
+    return rounds
+
+
+def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alone(transcriber, monkeypatch):
+    """Four streams of different audio in pieces of different sizes, joining at rounds 0, 2, 5 and 9, three at
+    80 ms chunks and one at 160 ms, one piece each a round: every stream's partials and finals (text, times, words,
+    token ids) are the ones Transcriber.stream gives it alone from the same pieces, and the rounds shared their
+    encoder steps."""
+    audio = [speech_and_pauses(seed) for seed in range(4)]
+    streams = [list(a.split(size)) for a, size in zip(audio, (2500, 3100, 1700, 4000))]
+    chunks = [0.08, 0.16, 0.08, 0.08]
+    alone = [list(transcriber.stream(p, chunk, endpoint_seconds=0.4)) for p, chunk in zip(streams, chunks)]
+    sessions = [transcriber.open_stream(chunk, endpoint_seconds=0.4) for chunk in chunks]
+    sizes = batch_sizes(sessions[0].model.network, monkeypatch)
+    together = [[] for _ in streams]
+    for work in schedule(streams, [0, 2, 5, 9]):
+        ids, parts, finals = zip(*work)
+        for i, updates in zip(ids, feed_together([sessions[i] for i in ids], list(parts), list(finals))):
+            together[i] += updates
+    for own, expected in zip(together, alone):
+        assert [u.to_json() for u in own] == [u.to_json() for u in expected]
+        assert [u.ids for u in own] == [u.ids for u in expected]
+        assert sum(u.final for u in expected) >= 2  # pauses closed segments on the way
+    assert max(sizes) >= 3 and len(sizes) < 0.7 * sum(sizes)  # sum(sizes): the steps of the streams alone
+
+
+@torch.inference_mode()
+def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(transcriber):
+    """At the network level: streams at different positions, one fallen behind by several chunks, one ending with
+    a shorter last chunk, stepped together, get advance's frames and states, to float rounding."""
+    network = transcriber.model.module.model
+    audio = [speech_and_pauses(seed)[None] for seed in range(3)]
+    states = [streaming.advance(network, a[:, :n], streaming.start(network), 2)[1]
+              for a, n in zip(audio, (16000, 4000, 0))]
+    lengths = [(16000, 21000), (4000, 40000), (0, 16000)]  # 0.3 s more; 2.25 s more (several chunks); the last 1 s
+    finals = [False, False, True]
+    expected = [streaming.advance(network, a[:, x:y], s, 2, f)
+                for a, s, (x, y), f in zip(audio, states, lengths, finals)]
+    got = advance_streams(network, [a[:, x:y] for a, (x, y) in zip(audio, lengths)], states, [2, 2, 2], finals)
+    for (frames, state), (want, want_state) in zip(got, expected):
+        torch.testing.assert_close(frames, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(frames.argmax(-1), want.argmax(-1))
+        assert torch.equal(state.encoder.position, want_state.encoder.position)
+        torch.testing.assert_close(state.encoder.keys, want_state.encoder.keys, atol=1e-5, rtol=1e-5)
+        assert torch.equal(state.audio, want_state.audio) and torch.equal(state.feats, want_state.feats)
+
+
+def test_a_model_without_stream_steps_is_stepped_alone_in_the_same_round(transcriber, char_tokenizer):
+    """A StreamingModel of its own (ToneStream: stream_step only) beside a checkpoint's: each gets its own Updates."""
+    tones = Transcriber(ToneStream(char_tokenizer))
+    audio = speech_and_pauses()
+    sessions = [tones.open_stream(), transcriber.open_stream()]
+    expected = [list(t.stream([audio])) for t in (tones, transcriber)]
+    got = [a + b for a, b in zip(feed_together(sessions, [audio, audio], [False, False]),
+                                 feed_together(sessions, [torch.zeros(0)] * 2, [True, True]))]
+    assert [[u.to_json() for u in g] for g in got] == [[u.to_json() for u in e] for e in expected]

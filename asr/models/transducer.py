@@ -3,6 +3,7 @@ prediction network over the tokens emitted so far; the hybrid adds CTC's head on
 
     audio (B, n) ──EncoderNetwork (asr.models.network)──> (B, T', d) ──LayerNorm──┬─Linear (encoder_proj)─> (B,T',J)
                                                                                  └─Linear (head, hybrid)─> (B,T',V)
+    (training with intermediate CTC also puts the middle block's output through the same LayerNorm and head)
     targets (B, U) ──[blank] + targets──Embedding──LSTM──Linear (proj)──> (B, U+1, J)
     joiner: tanh(enc[:, :, None] + pred[:, None]) ──Linear (output)──> logits (B, T', U+1, V)
 
@@ -126,58 +127,68 @@ class TransducerOutput(NamedTuple):
     lengths: torch.Tensor  # (B,) encoder frames
     frames: torch.Tensor  # (B, T', [V +] J) what decoding reads (the model's frames at inference)
     ctc_log_probs: torch.Tensor | None  # (B, T', V) fp32, the hybrid's CTC head; None without one
+    middle_log_probs: torch.Tensor | None = None  # (B, T', V) fp32, the middle block's through the head (middle=True)
 
 
 class TransducerModel(EncoderNetwork):
     """Waveforms in; the joiner's lattice out in training, frames for the decoder at inference.
 
-    ``ctc_head``: the hybrid's CTC head (``norm`` and ``head`` named as CTCModel's, so a CTC checkpoint's encoder and
-    head both load into it: ``--model.init_from``).
+    ``ctc_head``: the hybrid's CTC head, whose log-probabilities start each frame. ``inter_ctc``: a CTC head for the
+    middle block's output (intermediate CTC), the hybrid's own where it has one; without ``ctc_head`` it serves
+    training alone, and no frame holds it. Either is ``head`` (``norm`` and ``head`` named as CTCModel's, so a CTC
+    checkpoint's encoder and head both load into it: ``--model.init_from``).
     """
 
     def __init__(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int, cfg: TransducerConfig,
-                 ctc_head: bool = False, spec_augment: SpecAugment | None = None, checkpoint_every: int = 0):
+                 ctc_head: bool = False, spec_augment: SpecAugment | None = None, checkpoint_every: int = 0,
+                 inter_ctc: bool = False):
         super().__init__(features, encoder, spec_augment, checkpoint_every)
-        self.cfg = cfg
-        self.head = nn.Linear(self.encoder.d_model, vocab_size) if ctc_head else None
+        self.cfg, self.ctc_frames = cfg, ctc_head
+        self.head = nn.Linear(self.encoder.d_model, vocab_size) if ctc_head or inter_ctc else None
         self.predictor = Predictor(vocab_size, cfg)
         self.joiner = Joiner(self.encoder.d_model, vocab_size, cfg)
-        self.token_rows = ("predictor.embedding.weight", "joiner.output.weight", "joiner.output.bias") + \
-            (("head.weight", "head.bias") if ctc_head else ())  # one row per token: a new vocabulary renews them
+        # the weights with one row per token (a new vocabulary renews them)
+        rows = ("predictor.embedding.weight", "joiner.output.weight", "joiner.output.bias")
+        self.token_rows = rows + (("head.weight", "head.bias") if self.head is not None else ())
 
     @property
     def ctc_width(self) -> int:
-        """The CTC log-probabilities' share of a frame: V with a CTC head, else 0."""
-        return self.head.out_features if self.head is not None else 0
+        """The CTC log-probabilities' share of a frame: V with the hybrid's CTC head, else 0."""
+        return self.head.out_features if self.ctc_frames else 0
 
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor, middle: bool = False,
                 statistics: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                 target_lengths: torch.Tensor | None = None) -> TransducerOutput | tuple[torch.Tensor, torch.Tensor]:
         """audio (B, n), lengths (B,) in samples -> (frames (B, T', [V +] J) fp32, lengths (B,)); with ``targets``
         (B, U) and ``target_lengths`` (B,), a TransducerOutput whose lattice spans the longest of each (what the
-        loss needs; one read of the two maxima on the host). The prediction network and joiner run here, in
-        forward, so that FSDP2's hooks gather their parameters. ``statistics`` as EncoderNetwork.encode's."""
-        if middle:
-            raise ValueError("model.inter_ctc is CTC's: a transducer has no intermediate CTC")
-        x, lengths = self.encode(audio, lengths, statistics=statistics)
+        loss needs; one read of the two maxima on the host). ``middle`` (a model with an intermediate CTC head):
+        also the middle block's CTC log-probabilities (B, T', V), as a third output or in the TransducerOutput. The
+        prediction network, joiner and head run here, in forward, so that FSDP2's hooks gather their parameters.
+        ``statistics`` as EncoderNetwork.encode's."""
+        if middle and self.head is None:
+            raise ValueError("intermediate CTC needs a CTC head: build the model with inter_ctc (model.inter_ctc > 0)")
+        x, lengths, *rest = self.encode(audio, lengths, middle, statistics)
         frames = self.frames(x)
+        between = self.head(self.norm(rest[0])).float().log_softmax(-1) if middle else None  # (B, T', V)
         if targets is None:
-            return frames, lengths
+            return (frames, lengths, between) if middle else (frames, lengths)
         t, u = (int(n) for n in torch.stack([lengths.max(), target_lengths.max()]).tolist())
         logits = self.joiner(frames[:, :t, self.ctc_width:], self.predictor(targets[:, :u]))  # (B, T', U+1, V)
-        return TransducerOutput(logits, lengths, frames, frames[..., : self.ctc_width] if self.ctc_width else None)
+        return TransducerOutput(logits, lengths, frames, frames[..., : self.ctc_width] if self.ctc_width else None,
+                                between)
 
     def frames(self, states: torch.Tensor) -> torch.Tensor:
         """Encoder states (B, T', d) -> frames (B, T', [V +] J) fp32: the hybrid's CTC log-probabilities, then the
         states in the joint space (what the joiner adds to the prediction network's context)."""
         x = self.norm(states)
         enc = self.joiner.encoder_proj(x).float()
-        return enc if self.head is None else torch.cat([self.head(x).float().log_softmax(-1), enc], -1)
+        return torch.cat([self.head(x).float().log_softmax(-1), enc], -1) if self.ctc_frames else enc
 
     def forward_flops(self, num_samples: torch.Tensor, num_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Forward FLOPs (2 per multiply-add) of each utterance run alone in training, (B,) int64: the encoder's, the
-        projections', the hybrid's CTC head, the prediction network over ``num_tokens`` (B,) targets (none: 0) and
-        the joiner over the whole (T', U+1) lattice. Left out: embeddings, norms, activations, softmax, the loss."""
+        projections', the CTC head (the hybrid's, or intermediate CTC's), the prediction network over ``num_tokens``
+        (B,) targets (none: 0) and the joiner over the whole (T', U+1) lattice. Left out: embeddings, norms,
+        activations, softmax, the loss."""
         flops, t = self.encoder_flops(num_samples)
         u1 = (num_tokens.long() if num_tokens is not None else torch.zeros_like(t)) + 1  # contexts: U+1
         d, j, v, p = self.encoder.d_model, self.cfg.joint_dim, self.joiner.output.out_features, self.cfg.pred_dim

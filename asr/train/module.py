@@ -85,10 +85,12 @@ class ASRModule(pl.LightningModule):
             spec_augment: SpecAugment in training (asr.specaugment.SpecAugmentConfig); null turns it off.
             objective: what training minimises and inference decodes (asr.train.objectives): ctc, transducer (RNN-T),
                 hybrid (the transducer and a CTC head; asr.train.transducer), or a class path package.module:Class; it
-                is handed the settings below that its constructor names (ctc: inter_ctc; the others: transducer).
-            inter_ctc: (ctc) weight w of intermediate CTC (Lee and Watanabe 2021): training minimises
-                (1 - w) x the CTC loss + w x the CTC loss of the middle block's output through the same head;
-                0 = off. Inference is unchanged; train/loss logs the final output's loss alone.
+                is handed the settings below that its constructor names (ctc: inter_ctc; the others: transducer and
+                inter_ctc).
+            inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises (1 - w) x the
+                objective's loss + w x the CTC loss of the middle block's output through a CTC head (CTC's, the
+                hybrid's, or one of the transducer's own); 0 = off. Inference is unchanged; train/loss logs the final
+                output's loss alone.
             transducer: (transducer, hybrid) the prediction network's and joiner's shapes, the hybrid's CTC weight,
                 and decoding's bounds (asr.models.transducer.TransducerConfig).
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.

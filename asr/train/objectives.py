@@ -18,12 +18,15 @@ space. asr.inference asks the model's decoding (AcousticModel.objective) for eve
 functions by name; beam search with a language model (asr.inference.decoding.BeamSearch) is CTC's own.
 
 ``--model.objective`` names the objective: a key of OBJECTIVES or a class path ``package.module:Class``. Its
-constructor's arguments are ASRModule settings of the same names (CTC takes ``inter_ctc``, the transducer
-``transducer``); a setting that no argument of the chosen objective names must be left at its default.
+constructor's arguments are ASRModule settings of the same names (CTC takes ``inter_ctc``, the transducers
+``transducer`` and ``inter_ctc``); a setting that no argument of the chosen objective names must be left at its
+default.
 A new objective is a class in a file of its own with these methods, and one line in OBJECTIVES.
 
-``CTC`` is today's (with intermediate CTC, Lee and Watanabe 2021). Loss and log-softmax are fp32; a loss is a
-sum over the batch, so ASRModule divides by the global batch's tokens (a per-token mean over all ranks).
+``CTC`` is today's. Intermediate CTC (Lee and Watanabe 2021, ``with_inter_ctc``) is any objective's that takes
+``inter_ctc``: a CTC loss on the middle block's output beside the final objective's. Loss and log-softmax are
+fp32; a loss is a sum over the batch, so ASRModule divides by the global batch's tokens (a per-token mean over all
+ranks).
 """
 
 from __future__ import annotations
@@ -122,27 +125,18 @@ class CTC:
     an n-gram LM (asr.inference.decoding)."""
 
     def __init__(self, inter_ctc: float = 0.0):
-        if not 0.0 <= inter_ctc < 1.0:
-            raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc:g}")
-        self.inter_ctc = inter_ctc
+        self.inter_ctc = inter_ctc_weight(inter_ctc)
 
     def network(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
                 spec_augment: SpecAugment | None, checkpoint_every: int) -> CTCModel:
-        model = CTCModel(features, encoder, vocab_size, spec_augment, checkpoint_every)
-        if self.inter_ctc and model.encoder.middle_block < 0:
-            raise ValueError(f"model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got "
-                             f"{encoder.n_layers} (with model.inter_ctc {self.inter_ctc}; model.inter_ctc 0 turns it "
-                             "off)")
-        return model
+        return with_middle_block(CTCModel(features, encoder, vocab_size, spec_augment, checkpoint_every), encoder,
+                                 self.inter_ctc)
 
     def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss:
         weight = self.inter_ctc if training else 0.0
         log_probs, lengths, *middle = model(batch.audio, batch.audio_lengths, middle=weight > 0)
         loss_sum = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths, reduction="sum")
-        objective = loss_sum
-        if middle:
-            middle_loss = ctc_loss(middle[0], lengths, batch.tokens, batch.token_lengths, reduction="sum")
-            objective = (1 - weight) * loss_sum + weight * middle_loss
+        objective = with_inter_ctc(loss_sum, middle[0], lengths, batch, weight) if middle else loss_sum
         return Loss(objective, loss_sum, log_probs, lengths)
 
     @staticmethod
@@ -174,9 +168,35 @@ class CTC:
 
 
 def ctc_loss(log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor,
-             reduction: Literal["mean", "sum"] = "mean"):
-    """CTC loss in fp32, summed over the batch, and with "mean" divided by its target tokens (a per-token mean)."""
-    loss = F.ctc_loss(
-        log_probs.float().transpose(0, 1), tokens, lengths, token_lengths, blank=BLANK_ID, reduction="sum"
-    )
+             reduction: Literal["mean", "sum"] = "mean", zero_infinity: bool = False):
+    """CTC loss in fp32, summed over the batch, and with "mean" divided by its target tokens (a per-token mean).
+    ``zero_infinity``: an utterance whose frames are too few for its tokens adds 0 (and no gradient), not inf."""
+    loss = F.ctc_loss(log_probs.float().transpose(0, 1), tokens, lengths, token_lengths, blank=BLANK_ID,
+                      reduction="sum", zero_infinity=zero_infinity)
     return loss if reduction == "sum" else loss / token_lengths.sum().clamp(min=1)
+
+
+def inter_ctc_weight(inter_ctc: float) -> float:
+    """model.inter_ctc, the weight w of intermediate CTC, if it is in [0, 1); else ValueError naming it."""
+    if not 0.0 <= inter_ctc < 1.0:
+        raise ValueError(f"model.inter_ctc must be in [0, 1), got {inter_ctc:g}")
+    return inter_ctc
+
+
+def with_middle_block(model: nn.Module, encoder: EncoderConfig, inter_ctc: float) -> nn.Module:
+    """``model`` (of ``encoder``'s shapes), if its encoder has the middle block that intermediate CTC of weight
+    ``inter_ctc`` > 0 reads; else ValueError naming model.encoder.n_layers and model.inter_ctc."""
+    if inter_ctc and model.encoder.middle_block < 0:
+        raise ValueError(f"model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got "
+                         f"{encoder.n_layers} (with model.inter_ctc {inter_ctc}; model.inter_ctc 0 turns it "
+                         "off)")
+    return model
+
+
+def with_inter_ctc(objective: torch.Tensor, middle: torch.Tensor, lengths: torch.Tensor, batch: Batch,
+                   weight: float, zero_infinity: bool = False) -> torch.Tensor:
+    """Intermediate CTC (Lee and Watanabe 2021) beside any final objective: (1 - w) x ``objective`` + w x the summed
+    CTC loss of ``middle``, the middle block's log-probabilities (B, T', V) through a CTC head (ctc_loss's
+    ``zero_infinity``)."""
+    middle_loss = ctc_loss(middle, lengths, batch.tokens, batch.token_lengths, "sum", zero_infinity)
+    return (1 - weight) * objective + weight * middle_loss

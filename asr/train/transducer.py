@@ -4,12 +4,18 @@ models). Decoding is asr.inference.transducer's, with the network's prediction n
 
     transducer: loss = RNN-T loss (torchaudio.functional.rnnt_loss, fp32, blank asr.tokenizer.BLANK_ID)
     hybrid:     loss = (1 - w) x RNN-T loss + w x CTC loss, w = model.transducer.ctc_weight
+    either, with model.inter_ctc = v > 0, in training: (1 - v) x that loss + v x intermediate CTC's
 
-Both are sums over the batch, as CTC's (ASRModule divides by the global batch's tokens); train/loss logs the
-transducer's alone. The logits are computed in the autocast dtype (bf16 on a bf16-mixed run) and cast to fp32 for
-the loss, whose gradient torchaudio computes in its forward (one fp32 lattice kept for the backward pass).
+Intermediate CTC (asr.train.objectives.with_inter_ctc, as NeMo's hybrid models have it) puts the middle block's
+output through a CTC head: the hybrid's own, or for the transducer one of its own that only training reads. It is
+independent of the final objective: a regulariser of the lower blocks. All are sums over the batch, as CTC's
+(ASRModule divides by the global batch's tokens); train/loss logs the transducer's alone.
+
+The logits are computed in the autocast dtype (bf16 on a bf16-mixed run) and cast to fp32 for the loss, whose
+gradient torchaudio computes in its forward (one fp32 lattice kept for the backward pass).
 A transducer trains on any utterance of at least one encoder frame: it may emit several tokens on one frame. The
-hybrid's CTC head needs CTC's frames (CTC.frames_needed).
+hybrid's CTC head needs CTC's frames (CTC.frames_needed). Intermediate CTC's loss of an utterance too short for CTC
+is 0 (``zero_infinity``): the transducer's length rule admits it.
 """
 
 from __future__ import annotations
@@ -25,25 +31,33 @@ from asr.models.config import EncoderConfig
 from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.specaugment import SpecAugment
 from asr.tokenizer import BLANK_ID
-from asr.train.objectives import CTC, Loss, ctc_loss
+from asr.train.objectives import CTC, Loss, ctc_loss, inter_ctc_weight, with_inter_ctc, with_middle_block
 
 
 class Transducer:
-    """RNN-T (Graves 2012): a prediction network over the tokens before, a joiner, torchaudio's rnnt_loss."""
+    """RNN-T (Graves 2012): a prediction network over the tokens before, a joiner, torchaudio's rnnt_loss; in
+    training with ``inter_ctc`` = v > 0, (1 - v) x that + v x intermediate CTC's loss (module docstring)."""
 
     ctc_head = False  # the hybrid's CTC head beside the joiner
 
-    def __init__(self, transducer: TransducerConfig = TransducerConfig()):
-        self.cfg = transducer
+    def __init__(self, transducer: TransducerConfig = TransducerConfig(), inter_ctc: float = 0.0):
+        self.cfg, self.inter_ctc = transducer, inter_ctc_weight(inter_ctc)
 
     def network(self, features: FeatureConfig, encoder: EncoderConfig, vocab_size: int,
                 spec_augment: SpecAugment | None, checkpoint_every: int) -> TransducerModel:
-        return TransducerModel(features, encoder, vocab_size, self.cfg, self.ctc_head, spec_augment, checkpoint_every)
+        model = TransducerModel(features, encoder, vocab_size, self.cfg, self.ctc_head, spec_augment, checkpoint_every,
+                                inter_ctc=self.inter_ctc > 0)
+        return with_middle_block(model, encoder, self.inter_ctc)
 
     def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss:
-        out = model(batch.audio, batch.audio_lengths, targets=batch.tokens, target_lengths=batch.token_lengths)
+        weight = self.inter_ctc if training else 0.0
+        out = model(batch.audio, batch.audio_lengths, middle=weight > 0, targets=batch.tokens,
+                    target_lengths=batch.token_lengths)
         loss_sum = rnnt_loss(out.logits, out.lengths, batch.tokens, batch.token_lengths)
-        return Loss(self.weighted(loss_sum, out, batch), loss_sum, out.frames, out.lengths)
+        objective = self.weighted(loss_sum, out, batch)
+        if out.middle_log_probs is not None:
+            objective = with_inter_ctc(objective, out.middle_log_probs, out.lengths, batch, weight, zero_infinity=True)
+        return Loss(objective, loss_sum, out.frames, out.lengths)
 
     def weighted(self, loss_sum: torch.Tensor, out, batch: Batch) -> torch.Tensor:
         """What training minimises, given the transducer's summed loss: that loss."""

@@ -1,5 +1,6 @@
 """asr.models.transducer: the transducer's network (prediction network, joiner, the hybrid's CTC head) in plain
-PyTorch: shapes, what inference reads, the one-token step against the training forward, and its FLOP count."""
+PyTorch: shapes, what inference reads, intermediate CTC's output, the one-token step against the training forward,
+and its FLOP count."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from tests.conftest import encoder
 CONFIG = TransducerConfig(pred_dim=16, joint_dim=24, dropout=0.0)
 
 
-def tiny_transducer(ctc_head: bool = False, vocab_size: int = 12, seed: int = 0) -> TransducerModel:
+def tiny_transducer(ctc_head: bool = False, vocab_size: int = 12, seed: int = 0, inter_ctc: bool = False
+                    ) -> TransducerModel:
     torch.manual_seed(seed)
-    return TransducerModel(FeatureConfig(var_floor=0.0), encoder(dropout=0.0), vocab_size, CONFIG, ctc_head).eval()
+    return TransducerModel(FeatureConfig(var_floor=0.0), encoder(dropout=0.0), vocab_size, CONFIG, ctc_head,
+                           inter_ctc=inter_ctc).eval()
 
 
 @pytest.mark.parametrize("ctc_head", [False, True])
@@ -41,6 +44,23 @@ def test_training_gives_the_lattice_over_the_longest_utterance_and_target(wavefo
     assert out.ctc_log_probs.shape == (2, int(out.lengths.max()), 12)
     frames, _ = model(audio, lengths)
     torch.testing.assert_close(out.frames, frames)
+
+
+def test_intermediate_ctc_reads_the_middle_block_through_a_head_that_a_transducers_frames_leave_out(waveforms):
+    audio, lengths = waveforms(1.3, 0.7)
+    with pytest.raises(ValueError, match="intermediate CTC needs a CTC head"):
+        tiny_transducer()(audio, lengths, middle=True)
+    model = tiny_transducer(inter_ctc=True)
+    frames, out_lengths, middle = model(audio, lengths, middle=True)
+    assert model.ctc_width == 0 and frames.shape[-1] == 24  # inference reads what a transducer without it reads
+    assert middle.shape == (2, max(out_lengths), 12) and "head.weight" in model.token_rows
+    states, _, between = model.encode(audio, lengths, middle=True)
+    torch.testing.assert_close(middle, model.head(model.norm(between)).log_softmax(-1))
+    assert not torch.allclose(middle, model.head(model.norm(states)).log_softmax(-1))  # not the last block's
+    targets, target_lengths = torch.tensor([[3, 4, 5], [6, 0, 0]]), torch.tensor([3, 1])
+    out = model(audio, lengths, middle=True, targets=targets, target_lengths=target_lengths)
+    torch.testing.assert_close(out.middle_log_probs, middle)
+    assert out.ctc_log_probs is None
 
 
 def test_one_token_at_a_time_the_prediction_network_gives_the_training_contexts():

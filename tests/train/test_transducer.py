@@ -1,6 +1,7 @@
 """The transducer objectives (asr.train.transducer): RNN-T's loss summed as torchaudio computes it per utterance,
-the hybrid's weighting, fp32 under autocast, a few steps that learn, the settings each objective reads, the data
-rule, and --model.init_from a CTC checkpoint (the encoder loaded, the new layers as initialised)."""
+the hybrid's weighting, intermediate CTC beside either, sums that add over any split of the batch (what DDP and FSDP
+rely on), fp32 under autocast, a few steps that learn, the settings each objective reads, the data rule, and
+--model.init_from a CTC checkpoint (the encoder loaded, the new layers as initialised)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,29 @@ import pytest
 import torch
 import torchaudio.functional as AF
 
+from asr.data.batch import collate
 from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.tokenizer import BLANK_ID
 from asr.train.finetune import FineTune
 from asr.train.init_from import initialize
 from asr.train.objectives import CTC, ctc_loss
 from asr.train.transducer import Hybrid, Transducer
-from tests.conftest import save_checkpoint
+from tests.conftest import TEXTS, save_checkpoint, sine
 from tests.train.test_init_from import batch
 from tests.train.test_module import module
 
 SMALL = TransducerConfig(pred_dim=16, joint_dim=24, dropout=0.0)
 
 
+def transducer(tokenizer, objective: str = "transducer", inter_ctc: float = 0.0, encoder: dict | None = None):
+    """A tiny transducer ASRModule (tests.train.test_module.module, SMALL) of 40 ms frames, so that a CTC head has
+    a frame for every character of ``batch``'s texts; ``encoder``: other EncoderConfig fields."""
+    return module(tokenizer, {"subsampling": 4, **(encoder or {})}, objective=objective, transducer=SMALL,
+                  inter_ctc=inter_ctc)
+
+
 def test_the_transducer_loss_is_rnnt_loss_of_each_utterance_alone_summed(char_tokenizer):
-    model = module(char_tokenizer, objective="transducer", transducer=SMALL).eval()
+    model = transducer(char_tokenizer).eval()
     data = batch(char_tokenizer)
     with torch.no_grad():
         loss = model.objective(model.model, data, training=False)
@@ -38,7 +47,7 @@ def test_the_transducer_loss_is_rnnt_loss_of_each_utterance_alone_summed(char_to
 
 
 def test_the_hybrid_minimises_the_weighted_sum_and_logs_the_transducers_loss(char_tokenizer):
-    model = module(char_tokenizer, objective="hybrid", transducer=SMALL).eval()
+    model = transducer(char_tokenizer, "hybrid").eval()
     data = batch(char_tokenizer)
     with torch.no_grad():
         loss = model.objective(model.model, data, training=True)
@@ -49,8 +58,59 @@ def test_the_hybrid_minimises_the_weighted_sum_and_logs_the_transducers_loss(cha
 
 
 @pytest.mark.parametrize("objective", ["transducer", "hybrid"])
-def test_under_bf16_autocast_the_loss_is_fp32_and_a_few_steps_lower_it(char_tokenizer, objective):
-    model, data = module(char_tokenizer, objective=objective, transducer=SMALL), batch(char_tokenizer)
+def test_inter_ctc_adds_the_middle_blocks_ctc_loss_to_either_objective_in_training_alone(char_tokenizer, objective):
+    """(1 - v) x the objective + v x the CTC loss of the middle block's output through the CTC head: the hybrid's,
+    or a head of the transducer's own that no frame holds (inference is unchanged)."""
+    model = transducer(char_tokenizer, objective, inter_ctc=0.3).eval()
+    plain = transducer(char_tokenizer, objective).eval()
+    plain.load_state_dict(model.state_dict(), strict=False)  # the same weights, but for the transducer's new head
+    data = batch(char_tokenizer)
+    with torch.no_grad():
+        trained, evaluated = (model.objective(model.model, data, training=t) for t in (True, False))
+        _, lengths, middle = model.model(data.audio, data.audio_lengths, middle=True)
+        middle_loss = ctc_loss(middle, lengths, data.tokens, data.token_lengths, reduction="sum")
+        without = plain.objective(plain.model, data, training=True)
+    torch.testing.assert_close(trained.objective, 0.7 * evaluated.objective + 0.3 * middle_loss)
+    assert not torch.isclose(trained.objective, evaluated.objective)
+    torch.testing.assert_close(trained.loss_sum, evaluated.loss_sum)  # train/loss logs the transducer's alone
+    torch.testing.assert_close(without.objective, evaluated.objective)
+    torch.testing.assert_close(trained.frames, without.frames)
+    assert model.model.ctc_width == plain.model.ctc_width == (char_tokenizer.vocab_size if objective == "hybrid" else 0)
+
+
+def test_a_transducers_intermediate_ctc_adds_nothing_for_an_utterance_too_short_for_ctc(char_tokenizer):
+    """The transducer's data rule keeps an utterance of fewer frames than CTC needs; its intermediate CTC loss is 0,
+    the others' are kept, and the gradient is finite."""
+    model = transducer(char_tokenizer, inter_ctc=0.3).eval()  # eval: no dropout, the same outputs twice
+    texts = [TEXTS[0], "abcdefghijklmnopqrstuvwxyz" * 2]  # 52 characters in 0.3 s: 7 encoder frames
+    audio = [torch.from_numpy(sine(seconds, 16000, seed=i)) for i, seconds in enumerate((1.0, 0.3))]
+    data = collate(audio, [torch.tensor(char_tokenizer.encode(t)) for t in texts], texts)
+    loss = model.objective(model.model, data, training=True)
+    _, lengths, middle = model.model(data.audio, data.audio_lengths, middle=True)
+    assert lengths[1] < data.token_lengths[1]
+    first = ctc_loss(middle[:1], lengths[:1], data.tokens[:1], data.token_lengths[:1], reduction="sum")
+    torch.testing.assert_close(loss.objective, 0.7 * loss.loss_sum + 0.3 * first)
+    loss.objective.backward()
+    assert all(p.grad is None or p.grad.isfinite().all() for p in model.parameters())
+    assert model.model.head.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("objective", ["transducer", "hybrid"])
+def test_the_objective_of_a_batch_is_the_sum_of_its_parts(char_tokenizer, objective):
+    """Each rank's summed objective, over the global batch's tokens, is one process's per-token objective (ASRModule's
+    reduction): true only if the objective adds over any split of the batch, inter-CTC and the hybrid's CTC too."""
+    model = transducer(char_tokenizer, objective, inter_ctc=0.3).eval()
+    data = batch(char_tokenizer)
+    with torch.no_grad():
+        whole = model.objective(model.model, data, training=True)
+        parts = [model.objective(model.model, part(data, rows), training=True) for rows in ([0, 2], [1])]
+    torch.testing.assert_close(whole.objective, parts[0].objective + parts[1].objective, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(whole.loss_sum, parts[0].loss_sum + parts[1].loss_sum, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("objective, inter_ctc", [("transducer", 0.3), ("hybrid", 0.0)])
+def test_under_bf16_autocast_the_loss_is_fp32_and_a_few_steps_lower_it(char_tokenizer, objective, inter_ctc):
+    model, data = transducer(char_tokenizer, objective, inter_ctc=inter_ctc), batch(char_tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(8):
@@ -64,11 +124,13 @@ def test_under_bf16_autocast_the_loss_is_fp32_and_a_few_steps_lower_it(char_toke
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_each_objective_refuses_the_settings_it_does_not_read(char_tokenizer):
-    with pytest.raises(ValueError, match="model.inter_ctc is not read by model.objective transducer"):
-        module(char_tokenizer, objective="transducer", inter_ctc=0.3)
+def test_each_objective_refuses_the_settings_it_does_not_read_or_cannot_use(char_tokenizer):
     with pytest.raises(ValueError, match="model.transducer is not read by model.objective ctc"):
-        module(char_tokenizer, transducer=SMALL)
+        module(char_tokenizer, transducer=SMALL, inter_ctc=0.0)
+    with pytest.raises(ValueError, match="model.inter_ctc needs a middle block, so model.encoder.n_layers >= 2, got 1"):
+        transducer(char_tokenizer, inter_ctc=0.3, encoder={"n_layers": 1})
+    with pytest.raises(ValueError, match=r"model.inter_ctc must be in \[0, 1\), got 1"):
+        transducer(char_tokenizer, "hybrid", inter_ctc=1.0)
     with pytest.raises(ValueError, match="model.transducer.joint_dim must be >= 1"):
         TransducerConfig(joint_dim=0)
 
@@ -82,13 +144,13 @@ def test_a_transducer_trains_on_any_utterance_the_hybrid_on_what_ctc_can_emit():
 @pytest.mark.parametrize("objective", ["transducer", "hybrid"])
 def test_init_from_a_ctc_checkpoint_loads_the_encoder_and_leaves_the_new_layers_as_initialised(
         char_tokenizer, tmp_path, objective):
-    ctc = module(char_tokenizer, encoder={"n_layers": 1})
+    ctc = module(char_tokenizer, encoder={"n_layers": 1, "subsampling": 4}, inter_ctc=0.0)
     with torch.no_grad():
         for p in ctc.parameters():
             p.add_(1.0)  # unlike any fresh initialisation
     path = save_checkpoint(ctc, tmp_path / "ctc.ckpt")
     torch.manual_seed(1)
-    fresh = module(char_tokenizer, encoder={"n_layers": 1}, objective=objective, transducer=SMALL)
+    fresh = transducer(char_tokenizer, objective, encoder={"n_layers": 1})
     before = {name: value.clone() for name, value in fresh.state_dict().items()}
     lines = initialize(fresh, str(path), FineTune())
     own = fresh.state_dict()
@@ -102,3 +164,9 @@ def test_init_from_a_ctc_checkpoint_loads_the_encoder_and_leaves_the_new_layers_
     assert new and all(name.startswith(("model.predictor.", "model.joiner.")) for name in new)
     assert any("left as initialised" in line and "model.predictor." in line for line in lines)
     assert isinstance(fresh.model, TransducerModel)
+
+
+def part(data, rows: list[int]):
+    """The utterances ``rows`` of the Batch ``data``, collated anew (as another rank's batch)."""
+    return collate([data.audio[b, : data.audio_lengths[b]] for b in rows],
+                   [data.tokens[b, : data.token_lengths[b]] for b in rows], [data.texts[b] for b in rows])

@@ -15,8 +15,8 @@ from typing import Protocol
 import torch
 
 from asr.checkpoint import METADATA
+from asr.inference import exported
 from asr.tokenizer import Tokenizer
-from asr.tools import export
 from asr.train.module import ASRModule
 
 
@@ -76,8 +76,8 @@ def load_model(path: str | Path, device: str = "cpu") -> AcousticModel:
     except (RuntimeError, AssertionError) as err:  # e.g. cuda on a machine without a GPU: the device, not the file
         raise CheckpointError(f"--device {device}: {str(err).splitlines()[0]}") from err
     try:
-        if export.is_exported(path):
-            return export.load(path, device)
+        if exported.is_exported(path):
+            return exported.load(path, device)
         return CheckpointModel(ASRModule.from_checkpoint(path, map_location=device), device)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, KeyError, TypeError, ValueError,
             RuntimeError) as err:  # what torch.load and load_state_dict raise for a file that is not ours

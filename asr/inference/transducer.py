@@ -30,7 +30,7 @@ from asr.inference.decoding import Decoder
 from asr.tokenizer import BLANK_ID, Tokenizer
 
 # asr.inference.result and longform (word times, cut points) are imported where they are used: an exported model's
-# decoding (asr.tools.export.load) runs without torchaudio and the feature code they import
+# decoding (asr.inference.exported.load) runs without torchaudio and the feature code they import
 
 Predict = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 Join = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -4,8 +4,6 @@ length, loads without the training code, and is refused (nothing written) when i
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -18,10 +16,12 @@ import torch
 
 from asr.audio import FeatureConfig
 from asr.inference.decoding import greedy
+from asr.inference.exported import METADATA_FILE, TOKENIZER_FILE, ExportedModel, ExportedModelV1, is_exported, load
 from asr.models.config import EncoderConfig
 from asr.tools import export
 from asr.train.module import ASRModule
 from tests.conftest import save_checkpoint
+from tests.tools.exporting import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 # Batches unlike the traced example (2 utterances of 1.0 and 0.6 s): 1 to 5 utterances, 0.02 to 2.3 s.
 BATCHES = [(0.7,), (2.3, 0.2, 1.3), (0.5, 0.5, 0.02, 1.9, 0.8)]
@@ -38,43 +38,23 @@ def write_checkpoint(path: Path, tokenizer, seed: int = 0, features: dict | None
     return save_checkpoint(ASRModule(tokenizer=tokenizer, **settings), path)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and on a busy machine far faster than on two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, char_tokenizer):
     """exports(name) -> (checkpoint, exported file, what the CLI printed); each exported once per module.
 
     "mel": 16 kHz log-mel, x4, global attention. "linear": 8 kHz linear, x8, a 2-frame attention window.
     """
-    made = {}
     settings = {"mel": dict(),
                 "linear": dict(features=dict(sample_rate=8000), encoder=dict(subsampling=8, attention_window=2))}
-
-    def get(name: str) -> tuple[Path, Path, str]:
-        if name not in made:
-            folder = tmp_path_factory.mktemp(name)
-            checkpoint = write_checkpoint(folder / "m.ckpt", char_tokenizer, **settings[name])
-            with contextlib.redirect_stdout(io.StringIO()) as printed:
-                export.main([str(checkpoint), str(folder / "m.pt2")])
-            made[name] = checkpoint, folder / "m.pt2", printed.getvalue()
-        return made[name]
-
-    return get
+    return exported_once(tmp_path_factory, lambda path, name: write_checkpoint(path, char_tokenizer, **settings[name]))
 
 
 @pytest.mark.parametrize("name", ["mel", "linear"])
 def test_exported_model_transcribes_as_the_checkpoint_on_varied_batches(exports, char_tokenizer, waveforms, name):
     checkpoint, exported_file, printed = exports(name)
     assert "parity OK" in printed
-    assert export.is_exported(exported_file) and not export.is_exported(checkpoint)
-    module, exported = ASRModule.from_checkpoint(checkpoint), export.load(exported_file)
+    assert is_exported(exported_file) and not is_exported(checkpoint)
+    module, exported = ASRModule.from_checkpoint(checkpoint), load(exported_file)
     rate = module.hparams.features["sample_rate"]
     assert exported.sample_rate == rate
     assert exported.frame_seconds == pytest.approx(0.01 * module.hparams.encoder["subsampling"])
@@ -100,7 +80,7 @@ for name in ("asr.models.ctc", "asr.train.module", "asr.audio", "asr.data.module
     sys.modules[name] = None  # any import of these now fails
 import torch
 from asr.inference.decoding import greedy
-from asr.tools.export import load
+from asr.inference.exported import load
 model = load(sys.argv[1])
 audio, lengths = torch.load(sys.argv[2])
 log_probs, out_lengths = model.log_probs(audio, lengths)
@@ -135,9 +115,9 @@ def test_export_that_disagrees_with_its_checkpoint_fails_and_writes_nothing(expo
 
 def test_files_that_are_not_exports_are_told_apart(char_tokenizer, tmp_path):
     (tmp_path / "text.pt2").write_text("hello")
-    assert not export.is_exported(tmp_path / "text.pt2") and not export.is_exported(tmp_path / "missing.pt2")
+    assert not is_exported(tmp_path / "text.pt2") and not is_exported(tmp_path / "missing.pt2")
     with pytest.raises(ValueError, match="text.pt2 is not a file written by python -m asr.export"):
-        export.load(tmp_path / "text.pt2")
+        load(tmp_path / "text.pt2")
 
 
 def rewritten(exported_file: Path, copy: Path, member: str, change) -> Path:
@@ -154,7 +134,7 @@ def test_a_file_whose_weights_would_be_unpickled_is_refused(exports, tmp_path):
     crafted = rewritten(exported_file, tmp_path / "crafted.pt2", "model_weights_config.json",  # a pickled payload
                         lambda data: data.replace(b'"use_pickle": false', b'"use_pickle": true', 1))
     with pytest.raises(ValueError, match="crafted.pt2: .* would be unpickled"):
-        export.load(crafted)
+        load(crafted)
 
 
 def test_asr_transcribe_runs_the_exported_file_as_the_checkpoint(exports, write_audio):
@@ -163,14 +143,14 @@ def test_asr_transcribe_runs_the_exported_file_as_the_checkpoint(exports, write_
     checkpoint, exported_file, _ = exports("mel")
     files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.2, 0.4, 2.1))]
     from_export = Transcriber.from_checkpoint(exported_file)
-    assert isinstance(from_export.model, export.ExportedModel)
+    assert isinstance(from_export.model, ExportedModel)
     assert from_export.transcribe(files) == Transcriber.from_checkpoint(checkpoint).transcribe(files)
 
 
 @pytest.mark.parametrize("name", ["mel", "linear"])
 def test_exported_statistics_of_a_part_normalise_as_the_checkpoints(exports, waveforms, name):
     checkpoint, exported_file, _ = exports(name)
-    module, exported = ASRModule.from_checkpoint(checkpoint).eval(), export.load(exported_file)
+    module, exported = ASRModule.from_checkpoint(checkpoint).eval(), load(exported_file)
     rate = exported.sample_rate
     audio, lengths = waveforms(1.5, 0.7, 2.2, rate=rate, seed=5)
     audio[:, rate // 2: rate] *= 20  # a loud half second: statistics that hold it, or not, differ
@@ -216,8 +196,8 @@ def version_1_file(checkpoint: Path, path: Path) -> Path:
     meta = export.metadata(module, program, checkpoint) | {"version": 1}
     with open(path, "wb") as f, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "No complete tensor found")  # as asr.export does: said of CPU-only models
-        torch.export.save(program, f, extra_files={export.METADATA_FILE: json.dumps(meta),
-                                                   export.TOKENIZER_FILE: base64.b64encode(
+        torch.export.save(program, f, extra_files={METADATA_FILE: json.dumps(meta),
+                                                   TOKENIZER_FILE: base64.b64encode(
                                                        module.tokenizer.serialized).decode("ascii")})
     return path
 
@@ -226,8 +206,8 @@ def test_a_file_of_format_version_1_still_transcribes_without_statistics(exports
     from asr.inference.transcribe import Transcriber
 
     checkpoint, _, _ = exports("mel")
-    old = export.load(version_1_file(checkpoint, tmp_path / "v1.pt2"))
-    assert isinstance(old, export.ExportedModelV1)
+    old = load(version_1_file(checkpoint, tmp_path / "v1.pt2"))
+    assert isinstance(old, ExportedModelV1)
     files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.2, 0.4))]
     transcriber = Transcriber(old, second_pass=0.0)
     assert not transcriber.statistics  # its second pass crops (asr.inference.focus)
@@ -236,9 +216,9 @@ def test_a_file_of_format_version_1_still_transcribes_without_statistics(exports
 
 def test_a_file_of_an_unknown_format_version_is_refused_naming_both(exports, tmp_path):
     _, exported_file, _ = exports("mel")
-    future = rewritten(exported_file, tmp_path / "future.pt2", f"/extra/{export.METADATA_FILE}",
+    future = rewritten(exported_file, tmp_path / "future.pt2", f"/extra/{METADATA_FILE}",
                        lambda data: json.dumps(json.loads(data) | {"version": 99}).encode())
     with pytest.raises(ValueError, match="future.pt2: format asr-ctc-export version 99; this asr reads asr-ctc-export "
                                          "versions 1, 2 and asr-transducer-export, asr-hybrid-export version 2: "
                                          "export the checkpoint again"):
-        export.load(future)
+        load(future)

@@ -5,8 +5,6 @@ checkpoint beside a transducer's."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -15,6 +13,7 @@ import zipfile
 import pytest
 import torch
 
+from asr.inference.exported import load
 from asr.inference.transcribe import Transcriber
 from asr.tokenizer import BLANK_ID
 from asr.tools import export
@@ -22,18 +21,10 @@ from asr.tools.average import AverageError, average, main as average_main
 from asr.train.module import ASRModule
 from tests.models.test_transducer import CONFIG
 from tests.tools.test_average import weights, write_checkpoint as fit_checkpoint
+from tests.tools.exporting import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tests.tools.test_export import BATCHES, write_checkpoint
 
 SPARING = 0.8  # added to the blank's logit of a random joiner
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Decoding steps are tiny: one thread runs them several times faster than two on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def transducer_checkpoint(path, tokenizer, objective: str = "transducer", seed: int = 0):
@@ -49,18 +40,8 @@ def transducer_checkpoint(path, tokenizer, objective: str = "transducer", seed: 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, char_tokenizer):
     """exports(objective) -> (checkpoint, exported file, what the CLI printed), each exported once per module."""
-    made = {}
-
-    def get(objective: str):
-        if objective not in made:
-            folder = tmp_path_factory.mktemp(objective)
-            checkpoint = transducer_checkpoint(folder / "m.ckpt", char_tokenizer, objective)
-            with contextlib.redirect_stdout(io.StringIO()) as printed:
-                export.main([str(checkpoint), str(folder / "m.pt2")])
-            made[objective] = checkpoint, folder / "m.pt2", printed.getvalue()
-        return made[objective]
-
-    return get
+    return exported_once(tmp_path_factory, lambda path, objective: transducer_checkpoint(path, char_tokenizer,
+                                                                                        objective))
 
 
 @pytest.mark.parametrize("objective", ["transducer", "hybrid"])
@@ -72,7 +53,7 @@ def test_an_exported_transducer_decodes_as_its_checkpoint(exports, waveforms, wr
     vocab = ASRModule.from_checkpoint(checkpoint).tokenizer.vocab_size
     assert meta["format"] == f"asr-{objective}-export" and meta["decoder"]["ctc_width"] == (
         vocab if objective == "hybrid" else 0)
-    exported, module, texts = export.load(exported_file), ASRModule.from_checkpoint(checkpoint), []
+    exported, module, texts = load(exported_file), ASRModule.from_checkpoint(checkpoint), []
     for seconds in BATCHES:
         audio, lengths = waveforms(*seconds, seed=len(seconds))
         frames, out_lengths = exported.log_probs(audio, lengths)
@@ -91,7 +72,7 @@ import json, sys
 for name in ("asr.models", "asr.train", "asr.audio", "asr.data", "pytorch_lightning", "lightning", "torchaudio"):
     sys.modules[name] = None  # any import of these now fails
 import torch
-from asr.tools.export import load
+from asr.inference.exported import load
 model = load(sys.argv[1])
 audio, lengths = torch.load(sys.argv[2])
 frames, out_lengths = model.log_probs(audio, lengths)

@@ -9,18 +9,27 @@ server answers with a ready message, then partial and final results (asr.inferen
 they are known, and closes the connection (code 1000) after the last final. Each checkpoint must be a streaming
 model (--model.encoder.streaming); a client's rate picks the model of that rate, else one it is resampled to
 (``model_for``). Past ``max_streams`` open streams a new connection gets an error message and close code 1013 (try
-again later); a client that goes away mid-stream just ends its stream. Model steps run in a pool of threads, one
-torch thread each: the event loop only moves messages, so one slow stream does not hold up the others.
+again later); a client that goes away mid-stream just ends its stream.
+
+The model runs in rounds, in one thread of its own: the event loop only moves messages, adding each stream's audio
+to what it has waiting. When any stream has audio waiting and the model thread is free, a round takes the audio
+waiting in every stream (at most ROUND_SECONDS of each) and steps them all together (asr.inference.batched): one
+encoder step over every stream that completed a chunk, whatever its position, so that N streams cost about one
+step of a batch of N per chunk instead of N steps. Rounds follow each other as long as audio waits: the busier the
+server, the more streams each round holds. Torch runs ``threads`` threads in that thread (default: the usable
+cores less the one the event loop, the websockets and the streams' decoding need).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,25 +39,69 @@ from websockets.exceptions import ConnectionClosed
 
 from asr.audio import StreamResampler
 from asr.hardware import usable_cores
-from asr.inference.streaming import ENDPOINT_SECONDS, Session
+from asr.inference.batched import feed_together
+from asr.inference.streaming import ENDPOINT_SECONDS, Session, Update
 from asr.inference.transcribe import Transcriber
 
 PORT = 2700  # the default port (Vosk's; sherpa's servers take 6006)
 START_SECONDS = 10.0  # a connection that has not sent its start message by then is closed
 MIN_RATE, MAX_RATE = 4000, 192000  # sample rates a client may stream at
-NORMAL, UNACCEPTABLE, TRY_AGAIN_LATER = 1000, 1008, 1013  # close codes (RFC 6455, IANA's 1013)
+ROUND_SECONDS = 1.0  # the most audio of one stream a round takes: a client sending faster than real time is served
+# a second at a time instead of holding up the rounds of the real-time ones
+NORMAL, UNACCEPTABLE, INTERNAL, TRY_AGAIN_LATER = 1000, 1008, 1011, 1013  # close codes (RFC 6455, IANA's 1013)
 
 
 class ProtocolError(ValueError):
     """A client's message the protocol does not allow: sent to it as an error message, then the connection closes."""
 
 
-@dataclass
+class StreamFailed(RuntimeError):
+    """The model failed on a round that held this stream: sent to it as an error message, then close code 1011."""
+
+
+def model_threads() -> int:
+    """Torch threads of the model's thread: the usable cores but one, for the event loop (at least 1)."""
+    return max(1, usable_cores() - 1)
+
+
+@dataclass(eq=False)
 class Stream:
-    """One connection's stream: its Session on the chosen model, and the resampler from the client's rate if any."""
+    """One connection's stream. The event loop adds its audio to ``pending`` and sets ``ended``; only the model
+    thread touches its session and resampler, in rounds, whose Updates come back on ``results``."""
 
     session: Session
     resampler: StreamResampler | None
+    rate: int  # the client's sample rate
+    results: asyncio.Queue = field(default_factory=asyncio.Queue)  # (Updates, last) of each round, or StreamFailed
+    pending: list[np.ndarray] = field(default_factory=list)  # (n,) int16 pieces no round has taken yet
+    ended: bool = False  # the end message came
+    finished: bool = False  # a round took its last audio
+
+    @property
+    def due(self) -> bool:
+        """Whether the next round has something of this stream to do."""
+        return not self.finished and (bool(self.pending) or self.ended)
+
+    def take(self) -> tuple[np.ndarray, bool]:
+        """The audio the next round feeds (at most ROUND_SECONDS of what waits), and whether it is the stream's last."""
+        audio, most = np.concatenate(self.pending or [np.zeros(0, np.int16)]), round(ROUND_SECONDS * self.rate)
+        self.pending = [audio[most:]] if len(audio) > most else []
+        self.finished = self.ended and not self.pending
+        return audio[:most], self.finished
+
+    def audio(self, pcm: np.ndarray, final: bool) -> torch.Tensor:
+        """(n,) int16 at the client's rate -> float32 at the model's (``final``: with the resampler's rest)."""
+        audio = torch.from_numpy(pcm.astype(np.float32) / 32768)
+        if self.resampler is None:
+            return audio
+        return torch.cat([self.resampler(audio), self.resampler(audio[:0], True)]) if final else self.resampler(audio)
+
+
+def step_round(streams: list[Stream], pieces: list[np.ndarray], finals: list[bool]) -> list[list[Update]]:
+    """One round, in the model thread: each stream's ``pieces`` fed to its session (``finals``: and finished),
+    the sessions stepped together; each stream's Updates."""
+    audio = [stream.audio(pcm, final) for stream, pcm, final in zip(streams, pieces, finals)]
+    return feed_together([stream.session for stream in streams], audio, finals)
 
 
 class StreamServer:
@@ -57,16 +110,18 @@ class StreamServer:
     Args:
         transcribers: Transcribers of streaming models, of different sample rates.
         max_streams: streams open at once; a connection past it is refused (close code 1013).
-        workers: threads that run model steps (None: the cores this process may use).
+        threads: torch threads of the model's thread (None: ``model_threads``, the usable cores but one).
         chunk_seconds: audio per encoder step (None: each model's own model.encoder.chunk_frames); a start message
             may ask for another.
         endpoint_seconds: silence after words that ends a segment with a final (asr.inference.streaming).
     """
 
-    def __init__(self, transcribers: list[Transcriber], max_streams: int = 8, workers: int | None = None,
+    def __init__(self, transcribers: list[Transcriber], max_streams: int = 8, threads: int | None = None,
                  chunk_seconds: float | None = None, endpoint_seconds: float = ENDPOINT_SECONDS):
         if max_streams < 1:
             raise ValueError(f"--max_streams must be at least 1, got {max_streams}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
         self.models: dict[int, Transcriber] = {}
         for transcriber in transcribers:
             if transcriber.sample_rate in self.models:
@@ -74,8 +129,11 @@ class StreamServer:
             transcriber.open_stream(chunk_seconds, endpoint_seconds)  # a model that cannot stream is refused now
             self.models[transcriber.sample_rate] = transcriber
         self.max_streams, self.chunk_seconds, self.endpoint_seconds = max_streams, chunk_seconds, endpoint_seconds
-        self.pool = ThreadPoolExecutor(workers or usable_cores(), thread_name_prefix="asr-serve")
-        self.active = 0  # streams open now (the event loop's own count: no lock)
+        self.threads = threads or model_threads()
+        self.model_thread = ThreadPoolExecutor(1, "asr-serve-model", torch.set_num_threads, (self.threads,))
+        self.active = 0  # connections being served now (the event loop's own count: no lock)
+        self.streams: set[Stream] = set()  # streams started and not yet ended (the event loop's)
+        self.wake: asyncio.Event | None = None  # set when audio waits for a round
 
     def model_for(self, rate: int) -> Transcriber:
         """The model of ``rate``; else the one of the highest rate under it (the audio is resampled down, losing
@@ -109,17 +167,47 @@ class StreamServer:
             raise ProtocolError(f"no start message within {START_SECONDS:g} s") from None
         stream, ready = self.start(start)
         await connection.send(json.dumps(ready))
+        self.streams.add(stream)
+        sending = asyncio.create_task(self.send_results(connection, stream))
+        try:
+            if await self.receive(connection, stream):
+                await sending
+                await connection.close(NORMAL, "end of stream")
+        finally:
+            self.streams.discard(stream)
+            sending.cancel()
+
+    async def receive(self, connection: ServerConnection, stream: Stream) -> bool:
+        """The client's audio onto ``stream`` until its end message (True) or a close without one (False)."""
         async for message in connection:
             if isinstance(message, bytes):
-                await self.send(connection, await self.run(stream.session.feed, samples(message, stream.resampler)))
-                continue
-            if read_message(message).get("type") != "end":
+                stream.pending.append(pcm(message))
+            elif read_message(message).get("type") == "end":
+                stream.ended = True
+            else:
                 raise ProtocolError("after the start message: binary audio, or {\"type\": \"end\"}")
-            if stream.resampler:
-                await self.send(connection, await self.run(stream.session.feed, stream.resampler(torch.zeros(0), True)))
-            await self.send(connection, await self.run(stream.session.finish))
-            await connection.close(NORMAL, "end of stream")
-            return
+            self.wake.set()
+            if stream.ended:
+                return True
+        return False
+
+    async def send_results(self, connection: ServerConnection, stream: Stream) -> None:
+        """Each round's Updates of ``stream`` to its client, until the round of its last audio; a failed round's
+        error message and close code 1011 instead (the client's ``async for`` then ends). Ends quietly if the
+        client has gone."""
+        try:
+            while True:
+                result = await stream.results.get()
+                if isinstance(result, StreamFailed):
+                    await self.refuse(connection, INTERNAL, str(result))
+                    return
+                updates, last = result
+                for update in updates:
+                    await connection.send(json.dumps(update.to_json(), ensure_ascii=False))
+                if last:
+                    return
+        except ConnectionClosed:
+            pass
 
     def start(self, message: str | bytes) -> tuple[Stream, dict]:
         """The stream a start message asks for, and the ready message that answers it; ProtocolError if it cannot."""
@@ -137,16 +225,28 @@ class StreamServer:
         ready = {"type": "ready", "sample_rate": rate, "model_sample_rate": transcriber.sample_rate,
                  "chunk_seconds": round(session.chunk * session.model.frame_seconds, 6),
                  "frame_seconds": session.model.frame_seconds}
-        return Stream(session, resampler), ready
+        return Stream(session, resampler, rate), ready
 
-    async def run(self, function, *args):
-        """``function(*args)`` in the pool of model threads."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
-
-    @staticmethod
-    async def send(connection: ServerConnection, updates: list) -> None:
-        for update in updates:
-            await connection.send(json.dumps(update.to_json(), ensure_ascii=False))
+    async def rounds(self) -> None:
+        """Forever: once audio waits, a round of every stream it waits in, in the model thread; its Updates to
+        each stream's ``results``. A round that fails ends its streams (StreamFailed), not the server."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            due = [stream for stream in self.streams if stream.due]
+            if not due:
+                continue
+            pieces, finals = zip(*(stream.take() for stream in due))
+            try:
+                updates = await loop.run_in_executor(self.model_thread, step_round, due, list(pieces), list(finals))
+                results = list(zip(updates, finals))
+            except Exception as err:  # noqa: BLE001 (whatever the model raised, its streams are told and end)
+                results = [StreamFailed(f"the model failed on this stream: {type(err).__name__}: {err}")] * len(due)
+            for stream, result in zip(due, results):
+                stream.results.put_nowait(result)
+            if any(stream.due for stream in self.streams):
+                self.wake.set()
 
     @staticmethod
     async def refuse(connection: ServerConnection, code: int, message: str) -> None:
@@ -157,13 +257,23 @@ class StreamServer:
         except ConnectionClosed:
             pass
 
-    def serve(self, host: str = "127.0.0.1", port: int = PORT) -> Server:
-        """The websockets server (``async with server.serve(host, port) as ws: await ws.serve_forever()``); port 0: one
-        the system chooses (``ws.sockets[0].getsockname()[1]``)."""
-        return serve(self.handle, host, port, compression=None, max_size=2 ** 20)
+    @contextlib.asynccontextmanager
+    async def serve(self, host: str = "127.0.0.1", port: int = PORT) -> AsyncIterator[Server]:
+        """The websockets server, with the model's rounds running while it is open (``async with
+        server.serve(host, port) as ws: await ws.serve_forever()``); port 0: one the system chooses
+        (``ws.sockets[0].getsockname()[1]``)."""
+        self.wake = asyncio.Event()
+        rounds = asyncio.create_task(self.rounds())
+        try:
+            async with serve(self.handle, host, port, compression=None, max_size=2 ** 20) as ws:
+                yield ws
+        finally:
+            rounds.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rounds
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
+        self.model_thread.shutdown(wait=True)
 
 
 def read_message(message: str | bytes) -> dict:
@@ -177,12 +287,11 @@ def read_message(message: str | bytes) -> dict:
     return value
 
 
-def samples(message: bytes, resampler: StreamResampler | None) -> torch.Tensor:
-    """A binary message of 16-bit little-endian mono PCM -> (n,) float32 at the model's rate."""
+def pcm(message: bytes) -> np.ndarray:
+    """A binary message of 16-bit little-endian mono PCM -> (n,) int16 (a view of it)."""
     if len(message) % 2:
         raise ProtocolError(f"a binary message of {len(message)} bytes: audio is whole 16-bit samples")
-    audio = torch.from_numpy(np.frombuffer(message, "<i2").astype(np.float32) / 32768)
-    return resampler(audio) if resampler else audio
+    return np.frombuffer(message, "<i2")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -192,7 +301,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     add("--port", type=int, default=PORT, help="port to listen on; 0 = one the system chooses (printed)")
     add("--max_streams", type=int, default=8, help="streams served at once; a connection past them is refused (1013)")
-    add("--workers", type=int, default=None, help="threads running model steps (default: the usable cores)")
+    add("--threads", type=int, default=None, help="torch threads of the model's thread (default: the usable cores "
+        "but one, left to the event loop)")
     add("--chunk_seconds", type=float, default=None, help="audio per encoder step, a whole number of the model's "
         "frames (default: each model's model.encoder.chunk_frames); a client's start message may ask for another")
     add("--endpoint_seconds", type=float, default=ENDPOINT_SECONDS, help="silence after words that ends a segment")
@@ -215,11 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         transcribers = [Transcriber.from_checkpoint(Path(c), args.device, min_confidence=args.min_confidence)
                         for c in args.checkpoint]
-        server = StreamServer(transcribers, args.max_streams, args.workers, args.chunk_seconds, args.endpoint_seconds)
+        server = StreamServer(transcribers, args.max_streams, args.threads, args.chunk_seconds, args.endpoint_seconds)
     except (OSError, ValueError) as err:
         print(f"python -m asr.serve: error: {err}", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)  # each step is small: threads of one step only wait for each other
     try:
         asyncio.run(serve_until_stopped(server, args.host, args.port))
     except KeyboardInterrupt:

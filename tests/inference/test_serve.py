@@ -1,14 +1,17 @@
 """asr.serve (asr.inference.serve) with a real WebSocket client on 127.0.0.1, at a port the system chooses: the
 protocol's round trip, models of several sample rates, the refusal past the stream limit, clients that hang up or
-break the protocol, a small load test, and the command as documented. Every test has a timeout and stops its server.
+break the protocol, concurrent clients stepped together, an event loop that never waits for the model, a failing
+model, a small real-time load test, and the command as documented. Every test has a timeout and stops its server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from websockets.asyncio.client import connect
 from asr.bench.streaming import Heard, listen, pcm16, percentile, receive
 from asr.inference import serve
 from asr.inference.acoustic import CheckpointModel
+from asr.inference.batched import feed_together
 from asr.inference.serve import StreamServer
 from asr.inference.transcribe import Transcriber
 from tests import REPO
@@ -52,14 +56,15 @@ def talk(server: StreamServer, conversation):
         server.close()
 
 
-def heard_audio() -> np.ndarray:
-    """speech_and_pauses as the 16-bit PCM the client sends decodes back."""
-    return np.frombuffer(pcm16(speech_and_pauses().numpy()), "<i2").astype(np.float32) / 32768
+def heard_audio(audio: np.ndarray | None = None) -> np.ndarray:
+    """``audio`` (speech_and_pauses if None) as the 16-bit PCM the client sends decodes back."""
+    audio = speech_and_pauses().numpy() if audio is None else audio
+    return np.frombuffer(pcm16(audio), "<i2").astype(np.float32) / 32768
 
 
 def test_a_stream_round_trip_gives_the_finals_of_the_api(transcriber):
     audio = speech_and_pauses().numpy()
-    heard = talk(StreamServer([transcriber], workers=2), lambda uri: listen(uri, audio, RATE, realtime=False))
+    heard = talk(StreamServer([transcriber], threads=1), lambda uri: listen(uri, audio, RATE, realtime=False))
     expected = [u.to_json() for u in transcriber.stream([torch.from_numpy(heard_audio())]) if u.final]
     assert heard.ready == {"type": "ready", "sample_rate": RATE, "model_sample_rate": RATE, "chunk_seconds": 0.08,
                            "frame_seconds": 0.04}
@@ -70,7 +75,7 @@ def test_a_stream_round_trip_gives_the_finals_of_the_api(transcriber):
 
 def test_each_rate_goes_to_its_model_or_is_resampled_to_the_nearest(transcriber, char_tokenizer):
     telephone = Transcriber(CheckpointModel(streaming_module(char_tokenizer, rate=8000)))
-    server = StreamServer([transcriber, telephone], workers=2)
+    server = StreamServer([transcriber, telephone], threads=1)
     assert [server.model_for(rate).sample_rate for rate in (8000, 11025, 16000, 44100, 4000)] == \
         [8000, 8000, 16000, 16000, 8000]
 
@@ -84,7 +89,7 @@ def test_each_rate_goes_to_its_model_or_is_resampled_to_the_nearest(transcriber,
 
 
 def test_a_stream_past_the_limit_is_refused_and_served_once_one_ends(transcriber):
-    server = StreamServer([transcriber], max_streams=1, workers=2)
+    server = StreamServer([transcriber], max_streams=1, threads=1)
     audio = speech_and_pauses().numpy()[: 2 * RATE]
 
     async def conversation(uri):
@@ -101,7 +106,7 @@ def test_a_stream_past_the_limit_is_refused_and_served_once_one_ends(transcriber
 
 
 def test_a_client_that_hangs_up_mid_stream_frees_its_place(transcriber):
-    server = StreamServer([transcriber], max_streams=1, workers=2)
+    server = StreamServer([transcriber], max_streams=1, threads=1)
     audio = speech_and_pauses().numpy()
 
     async def conversation(uri):
@@ -113,7 +118,7 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_place(transcriber):
         return gone, server.active, await listen(uri, audio[: RATE], RATE, realtime=False)
 
     gone, active, next_client = talk(server, conversation)
-    assert gone.ready and gone.code != 1000 and active == 0
+    assert gone.ready and gone.code != 1000 and active == 0 and not server.streams
     assert next_client.code == 1000 and next_client.ready and not next_client.errors
 
 
@@ -134,7 +139,7 @@ def test_a_message_the_protocol_does_not_allow_gets_an_error_and_close_1008(tran
             await receive(ws, heard)
             return heard, ws.close_code
 
-    heard, code = talk(StreamServer([transcriber], workers=1), conversation)
+    heard, code = talk(StreamServer([transcriber], threads=1), conversation)
     assert code == 1008 and len(heard.errors) == 1 and message in heard.errors[0]
 
 
@@ -147,23 +152,118 @@ def test_a_connection_without_a_start_message_is_closed(transcriber, monkeypatch
             await receive(ws, heard)
             return heard, ws.close_code
 
-    heard, code = talk(StreamServer([transcriber], workers=1), conversation)
+    heard, code = talk(StreamServer([transcriber], threads=1), conversation)
     assert code == 1008 and heard.errors == ["no start message within 0.2 s"]
 
 
 def test_concurrent_real_time_streams_are_all_served_and_their_latency_measured(transcriber):
-    """A small load test: 4 streams of 2 s at real speed at once; each gets its results and an orderly close, and
-    every frame's latency is measured (the figures themselves are the benchmark's: asr.bench.streaming)."""
-    audio = speech_and_pauses().numpy()[: 2 * RATE]
+    """A small load test: 4 streams of 3 s of their own audio at real speed, started 0.13 s apart (so at different
+    positions when the rounds step them together): each gets the finals the API gives its audio alone and an
+    orderly close, and every frame's latency is measured (the figures are the benchmark's: asr.bench.streaming)."""
+    audio = [speech_and_pauses(seed).numpy()[: 3 * RATE] for seed in range(4)]
+    expected = [[u.to_json() for u in transcriber.stream([torch.from_numpy(heard_audio(a))]) if u.final] for a in audio]
+
+    async def caller(uri, i):
+        await asyncio.sleep(0.13 * i)
+        return await listen(uri, audio[i], RATE)
 
     async def conversation(uri):
-        return await asyncio.gather(*(listen(uri, audio, RATE) for _ in range(4)))
+        return await asyncio.gather(*(caller(uri, i) for i in range(4)))
 
-    runs = talk(StreamServer([transcriber], max_streams=4, workers=2), conversation)
+    runs = talk(StreamServer([transcriber], max_streams=4, threads=1), conversation)
     assert all(run.code == 1000 and run.results and not run.errors for run in runs)
+    assert [run.finals for run in runs] == expected and all(expected)
     latencies = [latency for run in runs for latency in run.latencies]
-    # every frame up to the last result: the second's silence at the end has no final (no text) to cover it
+    # every frame up to the last result: silence at the end has no final (no text) to cover it
     assert len(latencies) >= 4 * 25 and all(np.isfinite(latencies)) and percentile(latencies, 95) > 0
+
+
+def batch_sizes(network, monkeypatch) -> list[int]:
+    """The batch of every StreamingEncoder.step of ``network`` from now on."""
+    sizes, step = [], network.encoder.step
+
+    def counted(feats, state):
+        sizes.append(feats.shape[0])
+        return step(feats, state)
+
+    monkeypatch.setattr(network.encoder, "step", counted)
+    return sizes
+
+
+async def held_until(gate: threading.Event, ready, seconds: float = TIMEOUT) -> None:
+    """Open ``gate`` once ``ready()`` holds (polled), or after ``seconds`` whatever happened."""
+    for _ in range(round(seconds / 0.02)):
+        if ready():
+            break
+        await asyncio.sleep(0.02)
+    gate.set()
+
+
+def test_concurrent_clients_each_get_their_own_finals_from_shared_steps(transcriber, monkeypatch):
+    """8 clients at once, each with its own audio, sent as fast as it goes: each gets exactly the finals the API
+    gives its audio alone and an orderly close. The model thread is held until all 8 have sent everything, so the
+    rounds after it hold all 8 streams: their encoder steps are shared (batches of 8)."""
+    streams = 8
+    audio = [speech_and_pauses(seed).numpy()[: 3 * RATE] for seed in range(streams)]
+    expected = [[u.to_json() for u in transcriber.stream([torch.from_numpy(heard_audio(a))]) if u.final] for a in audio]
+    server = StreamServer([transcriber], max_streams=streams, threads=1)
+    sizes, gate = batch_sizes(transcriber.streaming_model.network, monkeypatch), threading.Event()
+    server.model_thread.submit(gate.wait, TIMEOUT)
+
+    async def conversation(uri):
+        everything_sent = lambda: len(server.streams) == streams and all(s.ended for s in server.streams)  # noqa: E731
+        opening = asyncio.create_task(held_until(gate, everything_sent))
+        runs = await asyncio.gather(*(listen(uri, a, RATE, realtime=False) for a in audio))
+        await opening
+        return runs
+
+    runs = talk(server, conversation)
+    assert all(run.code == 1000 and not run.errors for run in runs)
+    assert [run.finals for run in runs] == expected and all(expected)
+    assert max(sizes) == streams and sum(sizes) > 3 * len(sizes)  # most steps held several streams
+
+
+def test_the_event_loop_answers_while_the_model_is_busy(transcriber):
+    """With the model thread held, a client still connects, gets its ready message and sends all its audio: the
+    event loop never waits for the model. Once the model is free, its results follow."""
+    server, gate = StreamServer([transcriber], threads=1), threading.Event()
+    server.model_thread.submit(gate.wait, TIMEOUT)
+
+    async def conversation(uri):
+        async with connect(uri) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": RATE}))
+            ready = json.loads(await asyncio.wait_for(ws.recv(), 5.0))
+            await ws.send(pcm16(speech_and_pauses().numpy()[: RATE]))
+            await ws.send(json.dumps({"type": "end"}))
+            pending = next(iter(server.streams)).pending
+            gate.set()
+            heard = Heard()
+            await receive(ws, heard)
+            return ready, pending, heard, ws.close_code
+
+    ready, pending, heard, code = talk(server, conversation)
+    assert ready["type"] == "ready" and len(pending) == 1 and len(pending[0]) == RATE
+    assert code == 1000 and heard.results and heard.results[-1]["type"] == "final"
+
+
+def test_a_round_the_model_fails_ends_its_streams_with_1011_and_the_server_goes_on(transcriber, monkeypatch):
+    calls = []
+
+    def failing_once(*args):
+        if not calls:
+            calls.append(1)
+            raise RuntimeError("out of memory")
+        return feed_together(*args)
+
+    monkeypatch.setattr(serve, "feed_together", failing_once)
+    audio = speech_and_pauses().numpy()[: RATE]
+
+    async def conversation(uri):
+        return [await listen(uri, audio, RATE, realtime=False) for _ in range(2)]
+
+    failed, next_client = talk(StreamServer([transcriber], threads=1), conversation)
+    assert failed.code == 1011 and failed.errors == ["the model failed on this stream: RuntimeError: out of memory"]
+    assert next_client.code == 1000 and next_client.finals and not next_client.errors
 
 
 def test_serve_refuses_a_model_that_cannot_stream(checkpoint, capsys):

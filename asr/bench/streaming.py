@@ -3,34 +3,47 @@ the training step's cost against the offline model's.
 
     python -m asr.bench.streaming --checkpoint STREAMING.ckpt --manifest data/mini/test.jsonl \
         --offline runs/default/version_0/checkpoints/last.ckpt --out streaming.json
+    python -m asr.bench.streaming --checkpoint STREAMING.ckpt --manifest data/mini/test.jsonl --sections streams \
+        --seconds 30                  # only the streams the server holds: about 4 min (6 counts of 30 s each)
 
 Prints one table (the CPU first) and writes it as JSON with ``--out``. The audio every stream replays is the
 manifest's utterances one after another with 1 s pauses (a call, to the endpointer), ``--seconds`` long:
 - latency, at each of ``--chunks`` (160 / 320 / 640 ms): the algorithmic latency (the chunk, and what a feature
   window reaches past its hop) and, measured, per encoder frame the seconds from when its audio had all been sent to
   when the first result covering it arrived (the chunk's wait, the model's step and the transport together), p50
-  and p95, of one real-time stream through asr.serve's server on 127.0.0.1 (``listen`` speaks its protocol);
+  and p95, of one real-time stream through ``python -m asr.serve`` on 127.0.0.1 (``serving``: a process of its
+  own, as deployed; ``listen`` speaks its protocol);
 - WER and CER of the manifest at each chunk and in full context (whole files at that chunk: what a stream gives),
   and of ``--offline`` (the default run's model) as asr.transcribe runs it;
 - the real-time factor of one thread streaming as fast as it can, at each chunk;
-- the streams the server holds: 1, 2, 4, ... real-time streams at once at ``--streams_chunk`` (320 ms), until the p95
-  frame latency passes 0.5 s; model steps in as many threads as this process has cores, one torch thread each;
+- the streams the server holds: ``--stream_counts`` (1, 2, 4, 8, 12, 16) real-time streams at once, each count for
+  ``--seconds``, at ``--streams_chunk`` (320 ms), their starts spread over a chunk; per count the p50 and p95 frame
+  latency of all its streams, until a count whose p95 passes 0.5 s or whose streams are not all served; ``held``:
+  the largest count before it. The server steps its streams together (asr.inference.batched) in its model thread,
+  ``--threads`` torch threads (default: the server's, the usable cores but one); the clients run in this process,
+  on the same cores, as a load test on one machine must;
 - memory: the resident MB of the process every minute of one ``--memory_seconds`` stream (an hour) fed as fast as
   it goes, and the most frames its session held;
-- training: seconds per step of the demo recipe with and without demo-streaming.yaml on the same batches of the
+- training: seconds per step of the default run with and without demo-streaming.yaml on the same batches of the
   manifest, fp32 (the target: within 1.3x).
-``--quick`` (tests) runs each for seconds on whatever checkpoint it is given; its figures mean nothing.
+``--sections`` runs some of them only (``--sections streams``: the load test alone). ``--quick`` (tests) runs each
+for seconds on whatever checkpoint it is given; its figures mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import re
+import signal
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +56,6 @@ from asr.atomic import write_atomically
 from asr.audio import load_audio, resample
 from asr.configs import CONFIGS
 from asr.data.manifest import Utterance, parse_manifest
-from asr.inference.serve import StreamServer
 from asr.inference.transcribe import Transcriber
 from asr.models.streaming import algorithmic_latency
 from asr.scoring import score
@@ -149,6 +161,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 CHUNKS = (0.16, 0.32, 0.64)  # seconds of audio per encoder step whose latency and WER are measured (issue 65)
 STREAMS_CHUNK = 0.32  # the chunk the server's capacity is measured at
+STREAM_COUNTS = (1, 2, 4, 8, 12, 16)  # real-time streams at once whose latency is measured, in turn (issue 65: >= 8)
+SECTIONS = ("wer", "rtf", "latency", "streams", "memory", "train")
+SERVER_START_SECONDS = 300.0  # python -m asr.serve's start (imports, the checkpoint) on a busy machine
 LATENCY_TARGET = 0.5  # p95 seconds from a frame's audio to its first result that a stream must keep to count as held
 STREAMING_RECIPE = CONFIGS / "recipes" / "demo-streaming.yaml"
 PAUSE_SECONDS = 1.0  # between the utterances of the conversation the streams replay
@@ -249,25 +264,31 @@ async def measure_latency(uri: str, audio: np.ndarray, sample_rate: int, chunks:
     return rows
 
 
-async def measure_streams(uri: str, audio: np.ndarray, sample_rate: int, chunk: float, most: int) -> dict:
-    """Real-time streams at once, 1, 2, 4, ... up to ``most``, each replaying ``audio``, their starts spread over one
-    chunk as independent callers' would be: every frame's latency; ``held`` is the most streams whose p95 stays
-    within LATENCY_TARGET. Stops at the first count past it."""
-    levels, held, count = [], 0, 1
-    while count <= most:
+async def measure_streams(uri: str, audio: np.ndarray, sample_rate: int, chunk: float, counts: list[int]) -> dict:
+    """``counts`` real-time streams at once, each count in turn, each stream replaying ``audio``, their starts spread
+    over one chunk as independent callers' would be: per count the p50 and p95 of every frame's latency and the
+    streams not served to the end. Stops after the first count whose p95 passes LATENCY_TARGET or that lost a
+    stream; ``held`` is the largest count before it (0: not even one)."""
+    levels, held = [], 0
+    for count in counts:
         async def caller(i: int, n: int = count) -> Heard:
             await asyncio.sleep(chunk * i / n)
             return await listen(uri, audio, sample_rate, chunk_seconds=chunk)
 
         runs = await asyncio.gather(*(caller(i) for i in range(count)))
         latencies = [latency for run in runs for latency in run.latencies]
-        refused = sum(run.code != 1000 for run in runs)
-        p95 = percentile(latencies, 95)
-        levels.append({"streams": count, "p50_s": percentile(latencies, 50), "p95_s": p95, "failed": refused})
-        if refused or p95 is None or p95 > LATENCY_TARGET:
+        failed, p95 = sum(run.code != 1000 for run in runs), percentile(latencies, 95)
+        levels.append({"streams": count, "p50_s": percentile(latencies, 50), "p95_s": p95, "failed": failed})
+        print(level_line(levels[-1], chunk), file=sys.stderr, flush=True)  # a long run says how it goes
+        if failed or p95 is None or p95 > LATENCY_TARGET:
             break
-        held, count = count, count * 2
-    return {"chunk_s": chunk, "held": held, "levels": levels}
+        held = count
+    return {"chunk_s": chunk, "target_s": LATENCY_TARGET, "held": held, "levels": levels}
+
+
+def level_line(level: dict, chunk: float) -> str:
+    return (f"{level['streams']} streams at {chunk:g} s: p50 {fmt(level['p50_s'])} s, p95 {fmt(level['p95_s'])} s, "
+            f"failed {level['failed']}")
 
 
 def measure_memory(transcriber: Transcriber, audio: np.ndarray, seconds: float, every: float = SAMPLE_EVERY) -> dict:
@@ -288,18 +309,51 @@ def measure_memory(transcriber: Transcriber, audio: np.ndarray, seconds: float, 
     return {"audio_s": seconds, "readings": readings, "growth_mb": growth, "most_frames_held": held}
 
 
-async def measure_server(server: StreamServer, transcriber: Transcriber, audio: np.ndarray,
-                         chunks: list[tuple[float, int]], streams_chunk: float, most: int) -> tuple[list[dict], dict]:
-    """measure_latency and measure_streams against ``server`` on 127.0.0.1 at a free port."""
-    async with server.serve("127.0.0.1", 0) as ws:
-        uri = "ws://127.0.0.1:%d" % ws.sockets[0].getsockname()[1]
-        latency = await measure_latency(uri, audio, transcriber.sample_rate, chunks, transcriber)
-        streams = await measure_streams(uri, audio, transcriber.sample_rate, streams_chunk, most)
-    return latency, streams
+@contextlib.asynccontextmanager
+async def serving(checkpoint: str, max_streams: int, threads: int | None = None) -> AsyncIterator[str]:
+    """``python -m asr.serve --checkpoint checkpoint`` on 127.0.0.1 at a port the system chooses, in a process of its
+    own, as deployed (its event loop and model thread share nothing with the clients but the cores): its ws:// URI.
+    Stopped as Ctrl-C stops it when the block ends; RuntimeError with its output if it does not start."""
+    command = [sys.executable, "-m", "asr.serve", "--checkpoint", checkpoint, "--port", "0",
+               "--max_streams", str(max_streams), *(["--threads", str(threads)] if threads else [])]
+    with tempfile.TemporaryFile() as errors:
+        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=errors)
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), SERVER_START_SECONDS)
+            started = re.search(r"serving (ws://\S+)", line.decode())
+            if not started:
+                errors.seek(0)
+                raise RuntimeError(f"{' '.join(command)} did not start: {errors.read().decode()[-2000:]}")
+            yield started.group(1)
+        finally:
+            await stop(process)
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    """Ctrl-C's signal to ``process``, then a kill if it has not ended within 30 s."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def measure_server(args: argparse.Namespace, transcriber: Transcriber, audio: np.ndarray,
+                         chunks: list[tuple[float, int]]) -> dict:
+    """The sections of ``args.sections`` that need the server (latency, streams), against ``serving``."""
+    results, rate = {}, transcriber.sample_rate
+    async with serving(args.checkpoint, max(args.stream_counts), args.threads) as uri:
+        if "latency" in args.sections:
+            results["latency"] = await measure_latency(uri, audio, rate, chunks, transcriber)
+        if "streams" in args.sections:
+            results["streams"] = await measure_streams(uri, audio, rate, args.streams_chunk, args.stream_counts)
+    return results
 
 
 def measure_train_cost(manifest: str, steps: int, passes_: int = 2) -> dict:
-    """Seconds per training step of the demo recipe and of it with demo-streaming.yaml on the same batches of
+    """Seconds per training step of the default run and of it with demo-streaming.yaml on the same batches of
     ``manifest`` (asr.bench.steps.plain_times, fp32, the fastest of ``passes_`` over each batch), and their ratio."""
     from asr.bench.sections import training_batches
     from asr.bench.steps import BENCH_TRAINER, fastest, passes, plain_times, quiet
@@ -307,8 +361,7 @@ def measure_train_cost(manifest: str, steps: int, passes_: int = 2) -> dict:
 
     common = [*(f"--data.{split}_manifest={manifest}" for split in ("train", "val", "test")), *BENCH_TRAINER,
               "--trainer.precision=32-true"]
-    configs = {"offline": ["--config", str(fit.DEFAULT_CONFIG)],
-               "streaming": ["--config", str(fit.DEFAULT_CONFIG), "--config", str(STREAMING_RECIPE)]}
+    configs = {"offline": [], "streaming": ["--config", str(STREAMING_RECIPE)]}
     with quiet():
         clis = {name: fit.build([*config, *common]) for name, config in configs.items()}
         data = clis["offline"].datamodule
@@ -329,9 +382,9 @@ def table(results: dict) -> str:
     lines += [f"chunk {row['chunk_s']:g} s: real-time factor {row['rtf']:.4f} (one thread)" for row in results.get("rtf", [])]
     if "streams" in results:
         streams = results["streams"]
-        lines += [f"{row['streams']} streams at {streams['chunk_s']:g} s: p50 {fmt(row['p50_s'])} s, p95 "
-                  f"{fmt(row['p95_s'])} s, failed {row['failed']}" for row in streams["levels"]]
-        lines.append(f"real-time streams held with p95 <= {LATENCY_TARGET:g} s: {streams['held']}")
+        lines += [level_line(row, streams["chunk_s"]) for row in streams["levels"]]
+        lines.append(f"real-time streams held at {streams['chunk_s']:g} s with p95 <= {streams['target_s']:g} s: "
+                     f"{streams['held']}")
     if "memory" in results:
         memory = results["memory"]
         lines.append(f"memory over {memory['audio_s']:g} s of one stream: " + ", ".join(
@@ -353,10 +406,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--checkpoint", required=True, help="a streaming model's checkpoint")
     add("--manifest", required=True, help="utterances with text: WER, and the audio every stream replays")
     add("--offline", help="an offline model's checkpoint, whose WER the table adds (the default run's)")
+    add("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to measure (default: all)")
     add("--chunks", type=float, nargs="+", default=list(CHUNKS), help="chunk seconds whose latency, WER and RTF are measured")
-    add("--seconds", type=float, default=60.0, help="audio each latency and load stream replays")
+    add("--seconds", type=float, default=60.0, help="audio each latency stream replays, and each stream of each count")
     add("--streams_chunk", type=float, default=STREAMS_CHUNK, help="the chunk the server's capacity is measured at")
-    add("--max_streams", type=int, default=64, help="the most concurrent streams tried")
+    add("--stream_counts", type=int, nargs="+", default=list(STREAM_COUNTS),
+        help="concurrent real-time streams tried, in turn, until one count misses the latency target")
+    add("--threads", type=int, help="the server's --threads: torch threads of its model thread (default: its own)")
     add("--memory_seconds", type=float, default=3600.0, help="audio of the long stream whose memory is read")
     add("--train_steps", type=int, default=20, help="training steps timed per recipe (0: the training cost is not measured)")
     add("--out", help="also write the results as JSON here")
@@ -365,28 +421,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Measure, print the table, write ``--out``; returns the results."""
+    """Measure ``--sections``, print the table, write ``--out``; returns the results."""
     args = parse_args(argv)
     if args.quick:
-        args.seconds, args.max_streams, args.memory_seconds, args.train_steps = 1.0, 2, 4.0, 0
+        args.seconds, args.stream_counts, args.memory_seconds, args.train_steps = 1.0, [1, 2], 4.0, 0
     utterances = [u for u in parse_manifest(args.manifest)[0]][: 4 if args.quick else None]
     transcriber = Transcriber.from_checkpoint(args.checkpoint, second_pass=0.0)
-    offline = Transcriber.from_checkpoint(args.offline) if args.offline else None
     chunks = chunk_frames_of(transcriber, tuple(args.chunks))
     audio = conversation(utterances, transcriber.sample_rate, args.seconds)
-    results = {"cpu": cpu_name(), "checkpoint": args.checkpoint, "wer": measure_wer(transcriber, utterances, chunks, offline),
-               "rtf": measure_rtf(transcriber, audio, chunks)}
-    server = StreamServer([transcriber], max_streams=args.max_streams)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as asr.serve runs its steps
-    try:
-        results["latency"], results["streams"] = asyncio.run(
-            measure_server(server, transcriber, audio, chunks, args.streams_chunk, args.max_streams))
+    results = {"cpu": cpu_name(), "checkpoint": args.checkpoint}
+    if "wer" in args.sections:
+        offline = Transcriber.from_checkpoint(args.offline) if args.offline else None
+        results["wer"] = measure_wer(transcriber, utterances, chunks, offline)
+    if "rtf" in args.sections:
+        results["rtf"] = measure_rtf(transcriber, audio, chunks)
+    if {"latency", "streams"} & set(args.sections):
+        results |= asyncio.run(measure_server(args, transcriber, audio, chunks))
+    if "memory" in args.sections:
         results["memory"] = measure_memory(transcriber, audio, args.memory_seconds, 1.0 if args.quick else SAMPLE_EVERY)
-    finally:
-        torch.set_num_threads(threads)
-        server.close()
-    if args.train_steps:
+    if "train" in args.sections and args.train_steps:
         results["train"] = measure_train_cost(args.manifest, args.train_steps)
     print(table(results))
     if args.out:

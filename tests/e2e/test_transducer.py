@@ -1,6 +1,7 @@
 """A transducer through asr.fit end to end: a tiny RNN-T trains on a slice of data/mini, scores validation with
 greedy search, resumes where its checkpoint ended; its checkpoint transcribes (greedy and beam search, word times,
-long files), exports with parity and averages. One short fit is shared by the tests of this module."""
+long files), exports with parity and averages. One short fit is shared by the tests of this module. A hybrid with
+intermediate CTC trains on 2 processes under DDP and resumes under FSDP2 (subprocesses, as test_resilience's)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from asr.checkpoint import merge
 from asr.inference.transcribe import Transcriber
 from asr.train.fit import main
 from asr.train.module import ASRModule
 from tests import MINI
+from tests.cli import CHAR_FRAMES
 from tests.decoded import own_transcripts
+from tests.e2e import test_resilience as resilience
 from tests.e2e.test_fit import epoch_losses, fit, slice_manifest
+from tests.e2e.test_resilience import data  # noqa: F401  (a fixture)
 
 TRANSDUCER = ["--model.objective", "transducer", "--model.inter_ctc", "0", "--model.transducer.pred_dim", "32",
               "--model.transducer.joint_dim", "32", "--trainer.max_epochs", "2", "--data.max_batch_seconds", "8",
@@ -84,3 +89,28 @@ def test_a_transducer_recipe_changes_only_the_objective_of_the_recipe_it_goes_af
     assert hybrid["model"]["encoder"] == plain["model"]["encoder"] and hybrid["data"] == plain["data"]
     changed = {key for key in plain["model"] if plain["model"][key] != hybrid["model"][key]}
     assert changed <= {"objective", "transducer"}
+
+
+def test_a_hybrid_with_intermediate_ctc_trains_on_2_ranks_under_ddp_resumes_under_fsdp2_and_transcribes(data,
+                                                                                                      tmp_path):
+    """Every head has a loss (RNN-T, the hybrid's CTC, intermediate CTC: DDP fails on a parameter without a
+    gradient); FSDP2 shards the prediction network, joiner and head with the root, resumes DDP's file with
+    ``--ckpt_path last`` and writes its checkpoint as a folder of shards, which transcribes as its module decodes."""
+    hybrid = [*data, *resilience.SMALL, *resilience.DETERMINISTIC, *CHAR_FRAMES, "--data.tokenizer_type", "char",
+              "--model.objective", "hybrid", "--model.inter_ctc", "0.3", "--model.transducer.pred_dim", "32",
+              "--model.transducer.joint_dim", "32", "--data.num_workers", "0", "--trainer.precision", "32-true"]
+    resilience.fit(tmp_path, "--config", "configs/strategy/ddp.yaml", *hybrid, "--trainer.max_epochs", "1")
+    first = resilience.versions(tmp_path)[0] / "checkpoints" / "last.ckpt"
+    steps = torch.load(first, weights_only=True)["global_step"]  # a file: DDP's
+    resilience.fit(tmp_path, "--config", "configs/strategy/fsdp.yaml", *hybrid, "--trainer.max_epochs", "2",
+                   "--ckpt_path", "last")
+    last = resilience.versions(tmp_path)[1] / "checkpoints" / "last.ckpt"
+    checkpoint = merge(last)
+    assert last.is_dir() and checkpoint["global_step"] == 2 * steps == 8  # 28 utterances, 2 ranks: 4 steps an epoch
+    settings = checkpoint["hyper_parameters"]
+    assert (settings["objective"], settings["inter_ctc"]) == ("hybrid", 0.3)
+    assert {name.split(".")[1] for name in checkpoint["state_dict"]} >= {"head", "predictor", "joiner"}
+    losses = resilience.step_losses(tmp_path)
+    assert sorted(losses) == list(range(8)) and sum(losses[s] for s in (6, 7)) < sum(losses[s] for s in (0, 1))
+    paths = [MINI / "audio" / "test" / f"00000{i}.flac" for i in range(2)]
+    assert Transcriber.from_checkpoint(last, second_pass=0).transcribe(paths) == own_transcripts(last, paths)

@@ -10,7 +10,7 @@ from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import advance_streams, feed_together
 from asr.inference.transcribe import Transcriber
 from asr.models import streaming
-from tests.streams import ToneStream, speech_and_pauses, streaming_module
+from tests.streams import RATE, ToneStream, speech_and_pauses, streaming_module
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +46,18 @@ def schedule(streams: list[list[torch.Tensor]], starts: list[int]) -> list[list[
     return rounds
 
 
+def stepped_together(transcriber: Transcriber, streams: list[list[torch.Tensor]], starts: list[int],
+                     chunks: list[float | None]) -> list[list]:
+    """Each stream's Updates, its pieces fed in the rounds of ``schedule`` by feed_together."""
+    sessions = [transcriber.open_stream(chunk, endpoint_seconds=0.4) for chunk in chunks]
+    together = [[] for _ in streams]
+    for work in schedule(streams, starts):
+        ids, parts, finals = zip(*work)
+        for i, updates in zip(ids, feed_together([sessions[i] for i in ids], list(parts), list(finals))):
+            together[i] += updates
+    return together
+
+
 def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alone(transcriber, monkeypatch):
     """Four streams of different audio in pieces of different sizes, joining at rounds 0, 2, 5 and 9, three at
     80 ms chunks and one at 160 ms, one piece each a round: every stream's partials and finals (text, times, words,
@@ -55,13 +67,8 @@ def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alo
     streams = [list(a.split(size)) for a, size in zip(audio, (2500, 3100, 1700, 4000))]
     chunks = [0.08, 0.16, 0.08, 0.08]
     alone = [list(transcriber.stream(p, chunk, endpoint_seconds=0.4)) for p, chunk in zip(streams, chunks)]
-    sessions = [transcriber.open_stream(chunk, endpoint_seconds=0.4) for chunk in chunks]
-    sizes = batch_sizes(sessions[0].model.network, monkeypatch)
-    together = [[] for _ in streams]
-    for work in schedule(streams, [0, 2, 5, 9]):
-        ids, parts, finals = zip(*work)
-        for i, updates in zip(ids, feed_together([sessions[i] for i in ids], list(parts), list(finals))):
-            together[i] += updates
+    sizes = batch_sizes(transcriber.streaming_model.network, monkeypatch)
+    together = stepped_together(transcriber, streams, [0, 2, 5, 9], chunks)
     for own, expected in zip(together, alone):
         assert [u.to_json() for u in own] == [u.to_json() for u in expected]
         assert [u.ids for u in own] == [u.ids for u in expected]
@@ -88,6 +95,27 @@ def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(tra
         assert torch.equal(state.encoder.position, want_state.encoder.position)
         torch.testing.assert_close(state.encoder.keys, want_state.encoder.keys, atol=1e-5, rtol=1e-5)
         assert torch.equal(state.audio, want_state.audio) and torch.equal(state.feats, want_state.feats)
+
+
+def test_a_streaming_transducers_streams_stepped_together_decode_as_alone(char_tokenizer, monkeypatch):
+    """The transducer's greedy search decodes each stream's own frames: three streams joining at rounds 0, 1 and 3
+    get the Updates they get alone."""
+    from asr.audio import FeatureConfig
+    from asr.models.config import EncoderConfig
+    from asr.train.module import ASRModule
+
+    torch.manual_seed(0)
+    cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
+                        streaming=True, chunk_frames=2, left_context=6)
+    module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, objective="transducer",
+                       features=FeatureConfig(norm="global", var_floor=0.0, quiet_db=0.0))
+    transcriber = Transcriber(CheckpointModel(module.eval()))
+    streams = [list(speech_and_pauses(seed)[: RATE // 2].split(size)) for seed, size in enumerate((1500, 2300, 3000))]
+    alone = [list(transcriber.stream(p, endpoint_seconds=0.4)) for p in streams]
+    sizes = batch_sizes(transcriber.streaming_model.network, monkeypatch)
+    together = stepped_together(transcriber, streams, [0, 1, 3], [None] * 3)
+    assert [[u.to_json() for u in own] for own in together] == [[u.to_json() for u in a] for a in alone]
+    assert all(a[-1].final and a[-1].text for a in alone) and max(sizes) >= 2
 
 
 def test_a_model_without_stream_steps_is_stepped_alone_in_the_same_round(transcriber, char_tokenizer):

@@ -12,8 +12,9 @@ model (--model.encoder.streaming); a client's rate picks the model of that rate,
 again later); a client that goes away mid-stream just ends its stream.
 
 The model runs in rounds, in one thread of its own: the event loop only moves messages, adding each stream's audio
-to what it has waiting. When any stream has audio waiting and the model thread is free, a round takes the audio
-waiting in every stream (at most ROUND_SECONDS of each) and steps them all together (asr.inference.batched): one
+to what it has waiting. When a stream has the audio that completes its next chunk (or has ended) and the model
+thread is free, a round takes the audio waiting in every such stream (at most ROUND_SECONDS of each) and steps them
+all together (asr.inference.batched): one
 encoder step over every stream that completed a chunk, whatever its position, so that N streams cost about one
 step of a batch of N per chunk instead of N steps. Rounds follow each other as long as audio waits: the busier the
 server, the more streams each round holds. Torch runs ``threads`` threads in that thread (default: the usable
@@ -74,20 +75,31 @@ class Stream:
     rate: int  # the client's sample rate
     results: asyncio.Queue = field(default_factory=asyncio.Queue)  # (Updates, last) of each round, or StreamFailed
     pending: list[np.ndarray] = field(default_factory=list)  # (n,) int16 pieces no round has taken yet
+    waiting: int = 0  # samples in pending
+    wanted: int = 0  # samples (at the client's rate, at most) that complete the next chunk, as of the last round
     ended: bool = False  # the end message came
     finished: bool = False  # a round took its last audio
 
+    def add(self, pcm: np.ndarray) -> None:
+        self.pending.append(pcm)
+        self.waiting += len(pcm)
+
     @property
     def due(self) -> bool:
-        """Whether the next round has something of this stream to do."""
-        return not self.finished and (bool(self.pending) or self.ended)
+        """Whether the next round has something of this stream to do: its end, or audio that completes a chunk."""
+        return not self.finished and (self.ended or (self.waiting > 0 and self.waiting >= self.wanted))
 
     def take(self) -> tuple[np.ndarray, bool]:
         """The audio the next round feeds (at most ROUND_SECONDS of what waits), and whether it is the stream's last."""
         audio, most = np.concatenate(self.pending or [np.zeros(0, np.int16)]), round(ROUND_SECONDS * self.rate)
         self.pending = [audio[most:]] if len(audio) > most else []
+        self.waiting = max(0, len(audio) - most)
         self.finished = self.ended and not self.pending
         return audio[:most], self.finished
+
+    def client_samples(self, samples: int) -> int:
+        """Samples at the model's rate -> at the client's, rounded down."""
+        return samples * self.rate // self.session.model.sample_rate
 
     def audio(self, pcm: np.ndarray, final: bool) -> torch.Tensor:
         """(n,) int16 at the client's rate -> float32 at the model's (``final``: with the resampler's rest)."""
@@ -97,11 +109,14 @@ class Stream:
         return torch.cat([self.resampler(audio), self.resampler(audio[:0], True)]) if final else self.resampler(audio)
 
 
-def step_round(streams: list[Stream], pieces: list[np.ndarray], finals: list[bool]) -> list[list[Update]]:
+def step_round(streams: list[Stream], pieces: list[np.ndarray], finals: list[bool]
+               ) -> list[tuple[list[Update], int]]:
     """One round, in the model thread: each stream's ``pieces`` fed to its session (``finals``: and finished),
-    the sessions stepped together; each stream's Updates."""
+    the sessions stepped together; each stream's Updates, and the samples at its client's rate that complete its
+    next chunk (rounded down: a round too early only finds it has nothing to do)."""
     audio = [stream.audio(pcm, final) for stream, pcm, final in zip(streams, pieces, finals)]
-    return feed_together([stream.session for stream in streams], audio, finals)
+    updates = feed_together([stream.session for stream in streams], audio, finals)
+    return [(own, stream.client_samples(stream.session.wanted)) for own, stream in zip(updates, streams)]
 
 
 class StreamServer:
@@ -181,12 +196,13 @@ class StreamServer:
         """The client's audio onto ``stream`` until its end message (True) or a close without one (False)."""
         async for message in connection:
             if isinstance(message, bytes):
-                stream.pending.append(pcm(message))
+                stream.add(pcm(message))
             elif read_message(message).get("type") == "end":
                 stream.ended = True
             else:
                 raise ProtocolError("after the start message: binary audio, or {\"type\": \"end\"}")
-            self.wake.set()
+            if stream.due:
+                self.wake.set()
             if stream.ended:
                 return True
         return False
@@ -225,11 +241,13 @@ class StreamServer:
         ready = {"type": "ready", "sample_rate": rate, "model_sample_rate": transcriber.sample_rate,
                  "chunk_seconds": round(session.chunk * session.model.frame_seconds, 6),
                  "frame_seconds": session.model.frame_seconds}
-        return Stream(session, resampler, rate), ready
+        stream = Stream(session, resampler, rate)
+        stream.wanted = stream.client_samples(session.wanted)
+        return stream, ready
 
     async def rounds(self) -> None:
-        """Forever: once audio waits, a round of every stream it waits in, in the model thread; its Updates to
-        each stream's ``results``. A round that fails ends its streams (StreamFailed), not the server."""
+        """Forever: once a stream is due (``Stream.due``), a round of every stream that is, in the model thread; its
+        Updates to each stream's ``results``. A round that fails ends its streams (StreamFailed), not the server."""
         loop = asyncio.get_running_loop()
         while True:
             await self.wake.wait()
@@ -239,8 +257,10 @@ class StreamServer:
                 continue
             pieces, finals = zip(*(stream.take() for stream in due))
             try:
-                updates = await loop.run_in_executor(self.model_thread, step_round, due, list(pieces), list(finals))
-                results = list(zip(updates, finals))
+                stepped = await loop.run_in_executor(self.model_thread, step_round, due, list(pieces), list(finals))
+                results = [(updates, final) for (updates, _), final in zip(stepped, finals)]
+                for stream, (_, wanted) in zip(due, stepped):
+                    stream.wanted = wanted
             except Exception as err:  # noqa: BLE001 (whatever the model raised, its streams are told and end)
                 results = [StreamFailed(f"the model failed on this stream: {type(err).__name__}: {err}")] * len(due)
             for stream, result in zip(due, results):

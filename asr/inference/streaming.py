@@ -83,7 +83,8 @@ class StreamingModel(Protocol):
         frames it completes (``final``: and of the rest), and the state after it.
 
         A model may also have ``stream_steps(audios, states, chunks, finals)``: stream_step of several streams at
-        once, a list of its results (NetworkStream's: one encoder step over all of them, asr.inference.batched)."""
+        once, a list of its results (NetworkStream's: one encoder step over all of them, asr.inference.batched);
+        and ``samples_wanted(state, chunk)``: the samples the next chunk still needs (a server waits for them)."""
 
 
 class NetworkStream:
@@ -111,6 +112,9 @@ class NetworkStream:
         """stream_step of several streams, one encoder step over all that complete a chunk (asr.inference.batched)."""
         steps = advance_streams(self.network, [a[None].to(self.device) for a in audios], states, chunks, finals)
         return [((self.nothing if frames is None else frames[0]).float().cpu(), state) for frames, state in steps]
+
+    def samples_wanted(self, state: streaming.StreamState, chunk: int) -> int:
+        return streaming.samples_wanted(self.network, state, chunk)
 
 
 def streaming_model(model: Any) -> StreamingModel:
@@ -187,6 +191,13 @@ class Session:
     def seconds(self) -> float:
         """Audio fed so far."""
         return self.samples / self.model.sample_rate
+
+    @property
+    def wanted(self) -> int:
+        """Samples the next chunk still needs (its model's samples_wanted; 0 if it cannot tell): feeding less
+        gives no Update."""
+        wanted = getattr(self.model, "samples_wanted", None)
+        return wanted(self.state, self.chunk) if wanted else 0
 
     def _hear(self, audio: torch.Tensor, final: bool) -> None:
         """Extend the segment's loudness over the whole frames of audio fed (the last, partial one at the end)."""

@@ -303,10 +303,8 @@ def featurize(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk
     until then it waits in the state. The encoder's caches are left as they are."""
     if chunk < 1:
         raise ValueError(f"a stream runs in chunks of at least 1 encoder frame, got {chunk}")
-    cfg = network.features.config
     audio = torch.cat([state.audio, audio.to(state.audio)], dim=1)
-    missing = chunk * network.encoder.factor - state.feats.shape[1]  # feature frames the next chunk needs
-    if not final and audio.shape[1] < (missing - 1) * cfg.hop_length + cfg.win_length:
+    if not final and samples_wanted(network, StreamState(audio, state.feats, state.encoder), chunk):
         return StreamState(audio, state.feats, state.encoder)
     if final:
         feats, _ = network.features(audio, torch.full((audio.shape[0],), audio.shape[1], device=audio.device))
@@ -315,6 +313,14 @@ def featurize(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk
         feats, used = network.features.complete_frames(audio)
         audio = audio[:, used:]
     return StreamState(audio, torch.cat([state.feats, feats], dim=1), state.encoder)
+
+
+def samples_wanted(network: nn.Module, state: StreamState, chunk: int) -> int:
+    """Samples of audio the next chunk of ``chunk`` encoder frames still needs after ``state``: the windows of the
+    feature frames it misses, less the audio waiting in the state (0: it is complete)."""
+    cfg = network.features.config
+    missing = chunk * network.encoder.factor - state.feats.shape[1]  # feature frames the next chunk needs
+    return max(0, (missing - 1) * cfg.hop_length + cfg.win_length - state.audio.shape[1])
 
 
 def step_frames(waiting: int, chunk: int, factor: int, final: bool) -> int:

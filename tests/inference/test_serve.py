@@ -266,6 +266,23 @@ def test_a_round_the_model_fails_ends_its_streams_with_1011_and_the_server_goes_
     assert next_client.code == 1000 and next_client.finals and not next_client.errors
 
 
+def test_a_round_runs_when_a_stream_completes_a_chunk_not_on_every_message(transcriber, monkeypatch):
+    """A client sending 2 s in 20 ms messages at real speed: the server runs a round once the audio of a chunk
+    (80 ms) is there, about 25 and the end's, not one a message (100); each round before the end gives a partial."""
+    rounds = []
+
+    def counted(sessions, pieces, finals):
+        updates = feed_together(sessions, pieces, finals)
+        rounds.append(updates[0])
+        return updates
+
+    monkeypatch.setattr(serve, "feed_together", counted)
+    audio = speech_and_pauses().numpy()[: 2 * RATE]
+    heard = talk(StreamServer([transcriber], threads=1), lambda uri: listen(uri, audio, RATE))
+    assert heard.code == 1000 and heard.finals
+    assert 10 <= len(rounds) <= 27 and all(any(not u.final for u in updates) for updates in rounds[:-1])
+
+
 def test_serve_refuses_a_model_that_cannot_stream(checkpoint, capsys):
     assert serve.main(["--checkpoint", str(checkpoint), "--port", "0"]) == 2
     assert "cannot stream" in capsys.readouterr().err

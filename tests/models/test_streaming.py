@@ -119,6 +119,23 @@ def test_stacked_caches_step_streams_at_different_positions_as_each_alone():
 
 
 @torch.inference_mode()
+def test_samples_wanted_is_exactly_the_audio_that_completes_the_next_chunk():
+    """At the start and 0.37 s into a stream: one sample less than samples_wanted gives no frames, that many gives
+    the chunk's, and then the next chunk wants a chunk's hop of audio more."""
+    model, chunk = streaming_model(4, chunk=3), 3
+    audio = noise(2.0)
+    for at in (0, 5920):
+        state = streaming.advance(model, audio[:, :at], streaming.start(model), chunk)[1]
+        wanted = streaming.samples_wanted(model, state, chunk)
+        short, after_short = streaming.advance(model, audio[:, at: at + wanted - 1], state, chunk)
+        frames, after = streaming.advance(model, audio[:, at: at + wanted], state, chunk)
+        assert short is None and frames.shape[1] == chunk and wanted > 0
+        assert streaming.samples_wanted(model, after_short, chunk) == 1
+        assert streaming.samples_wanted(model, after, chunk) == chunk * 4 * 160  # a chunk of 10 ms hops
+    assert streaming.samples_wanted(model, streaming.start(model), chunk) == 11 * 160 + 400  # 12 windows of 25 ms
+
+
+@torch.inference_mode()
 def test_padding_does_not_change_an_utterance():
     model = streaming_model(4)
     audio = torch.cat([noise(1.3), torch.zeros(1, 8000)], dim=1)

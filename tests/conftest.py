@@ -7,8 +7,10 @@ whole unit suite runs in well under a minute on a 2-core CPU.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,9 @@ import torch
 
 # Measurements asr caches (CPU peaks, precision step times) go to a folder of this test session, not the user's
 # ~/.cache/asr: before asr is imported, which reads it once; the processes tests start inherit it.
-os.environ.setdefault("ASR_CACHE_DIR", tempfile.mkdtemp(prefix="asr-test-cache-"))
+if "ASR_CACHE_DIR" not in os.environ:  # removed at exit by the process that made it (each xdist worker makes its own)
+    os.environ["ASR_CACHE_DIR"] = tempfile.mkdtemp(prefix="asr-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ASR_CACHE_DIR"], ignore_errors=True)
 
 from asr.audio import FeatureConfig
 from asr.hardware import usable_cores
@@ -119,19 +123,25 @@ def char_tokenizer() -> Tokenizer:
     return Tokenizer.train(TEXTS, model_type="char")
 
 
+# A tiny Transformer at 4x subsampling of d_model channels, global attention, no attention dropout: what these tests
+# were written for, whatever the default run's encoder (EncoderConfig's defaults) is.
+TINY_ENCODER = {"d_model": 32, "n_heads": 4, "n_layers": 2, "block": "transformer", "subsampling": 4,
+                "conv_channels": 0, "attention_window": 0, "attention_dropout": 0.0, "conv_kernel": 31}
+
+
 def encoder(**overrides) -> EncoderConfig:
-    """A tiny EncoderConfig (d_model 32, 4 heads, 2 layers) with ``overrides``."""
-    return EncoderConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, **overrides})
+    """A tiny EncoderConfig (TINY_ENCODER) with ``overrides``."""
+    return EncoderConfig(**{**TINY_ENCODER, **overrides})
 
 
 def make_model(sample_rate: int = 16000, subsampling: int = 4, checkpoint_every: int = 0, dropout: float = 0.0,
                vocab_size: int = 12, seed: int = 0, attention_window: int = 0, block: str = "transformer",
                conv_norm: str = "layer", n_layers: int = 2, subsampling_conv: str = "full") -> CTCModel:
     """A ~40k-parameter CTCModel (d_model 32, n_layers blocks, 4 heads; conformer: kernel 5), weights fixed by ``seed``."""
-    features = FeatureConfig(sample_rate, var_floor=0.0)
-    cfg = EncoderConfig(d_model=32, n_heads=4, n_layers=n_layers, ff_mult=2, dropout=dropout, subsampling=subsampling,
-                        attention_window=attention_window, block=block, conv_kernel=5, conv_norm=conv_norm,
-                        subsampling_conv=subsampling_conv)
+    features = FeatureConfig(sample_rate, norm="bin", var_floor=0.0, quiet_db=0.0)
+    cfg = encoder(n_layers=n_layers, ff_mult=2, dropout=dropout, subsampling=subsampling,
+                  attention_window=attention_window, block=block, conv_kernel=5, conv_norm=conv_norm,
+                  subsampling_conv=subsampling_conv)
     torch.manual_seed(seed)
     return CTCModel(features, cfg, vocab_size, checkpoint_every=checkpoint_every)
 

@@ -22,7 +22,7 @@ import torch
 
 # Measurements asr caches (CPU peaks, precision step times) go to a folder of this test session, not the user's
 # ~/.cache/asr: before asr is imported, which reads it once; the processes tests start inherit it.
-if "ASR_CACHE_DIR" not in os.environ:  # removed at exit by the process that made it (each xdist worker makes its own)
+if "ASR_CACHE_DIR" not in os.environ:  # made once (xdist workers and subprocesses inherit it), removed at its exit
     os.environ["ASR_CACHE_DIR"] = tempfile.mkdtemp(prefix="asr-test-cache-")
     atexit.register(shutil.rmtree, os.environ["ASR_CACHE_DIR"], ignore_errors=True)
 

@@ -1,9 +1,10 @@
 """asr: train Transformer and Conformer CTC speech recognisers with PyTorch Lightning, and transcribe with them.
 
-Subpackages: ``data`` (sources, sampling, augmentation, the DataModule), ``models`` (front end, encoders, CTC
-model), ``train`` (the LightningModule, objectives, schedule, costs, resilience, ``asr fit``), ``inference``
-(Transcriber, decoding, results, formats, long files), ``tools`` (export, average, convert, import, LMs),
-``study`` and ``bench``; ``configs`` holds the shipped YAML. docs/architecture.md draws the whole.
+Subpackages: ``data`` (sources, sampling, augmentation, the DataModule), ``models`` (front end, encoders,
+networks, the objectives and their decoding), ``train`` (the LightningModule, schedule, costs, resilience,
+``asr fit``), ``inference`` (Transcriber, results, formats, long files, streaming), ``tools`` (export, average,
+convert, import, LMs), ``study`` and ``bench``; ``configs`` holds the shipped YAML. docs/architecture.md draws the
+whole.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import importlib.util
 import sys
 
 # Modules that moved, named by class_path in the config.yaml of runs made before they did (trainer plugins and
-# callbacks): the old name still imports the module from its new home.
-MOVED = {"asr.resilience": "asr.train.resilience", "asr.cost": "asr.train.cost"}
+# callbacks) or by model.objective in their config.yaml and checkpoints: the old name still imports the module from
+# its new home.
+MOVED = {"asr.resilience": "asr.train.resilience", "asr.cost": "asr.train.cost",
+         "asr.train.objectives": "asr.models.objectives", "asr.train.transducer": "asr.models.transducer_objectives"}
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -57,7 +57,6 @@ from tqdm import tqdm
 
 from asr.data import manifest as mf
 from asr.inference.acoustic import AcousticModel, load_model
-from asr.inference.decoding import Decoder
 from asr.inference.formats import FORMATS
 from asr.inference.inputs import check_all, collect, in_order
 from asr.inference.live import Printer, file_pieces, paced, pcm_pieces
@@ -65,8 +64,9 @@ from asr.inference.output import Sink, open_sink, to_stdout
 from asr.inference.result import Result
 from asr.inference.streaming import ENDPOINT_SECONDS
 from asr.inference.transcribe import ON_ERROR, Transcriber, TranscriptionError  # noqa: F401  (the Python API, here too)
+from asr.models.ctc_decoding import Decoder
+from asr.models.objectives import CTC
 from asr.scoring import score, score_line
-from asr.train.objectives import CTC
 
 EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2  # see EXIT_CODES
 EXIT_CODES = """exit codes:
@@ -104,11 +104,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--second_pass", type=float, default=own["second_pass"].default,
         help="transcribe a file again on its speech alone where the speech the first pass found spans under this "
              "share of it (non-speech around it moved the features' statistics); 0 = one pass (asr.inference.focus)")
-    add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search: CTC's (asr.inference.decoding."
-        "make_decoder), a transducer's modified beam search (asr.inference.transducer)")
+    add("--beam_size", type=int, default=1, help="1 = greedy; more = beam search: CTC's (asr.models.ctc_decoding."
+        "make_decoder), a transducer's modified beam search (asr.models.transducer_decoding)")
     add("--lm", help="KenLM model (.arpa or .bin) for CTC's beam search")
-    add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.inference.decoding's)")
-    add("--word_score", type=float, default=None, help="score added per word, or per character with a character LM (default: asr.inference.decoding's)")
+    add("--lm_weight", type=float, default=None, help="weight of the LM score (default: asr.models.ctc_decoding's)")
+    add("--word_score", type=float, default=None, help="score added per word, or per character with a character LM (default: asr.models.ctc_decoding's)")
     add("--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar on stderr (default: when stderr is a terminal)")
     add("--stream", metavar="SOURCE", help="transcribe live with a streaming model: 16-bit PCM from standard input "
@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_decoder(args: argparse.Namespace, model: AcousticModel) -> Decoder:
-    """The decoder of the model's objective from the flags (CTC's for a model without one: asr.inference.decoding.
+    """The decoder of the model's objective from the flags (CTC's for a model without one: asr.models.ctc_decoding.
     make_decoder, whose defaults --lm_weight and --word_score keep; a transducer's refuses an LM)."""
     options = {k: getattr(args, k) for k in ("lm_weight", "word_score") if getattr(args, k) is not None}
     objective = getattr(model, "objective", None) or CTC()

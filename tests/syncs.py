@@ -120,7 +120,7 @@ class SyncCounter(pl.Callback):
             self._patch(torch, name, name)
         self._patch(torch.Tensor, "__getitem__", "boolean mask")
         if self.cuda:
-            from asr.train import objectives
+            from asr.models import objectives
 
             self._patch(objectives, "ctc_loss", "ctc_loss")
         for name in COLLECTIVES:

@@ -30,9 +30,9 @@ from asr.audio import FeatureConfig
 from asr.configs import CONFIGS
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
+from asr.models.objectives import objective_class
 from asr.models.transducer import TransducerConfig
 from asr.train import fit
-from asr.train.objectives import objective_class
 
 PRESETS = {"demo": [CONFIGS / "recipes" / "demo.yaml"],
            "small": [CONFIGS / "recipes" / "demo.yaml", CONFIGS / "model" / "small.yaml"]}

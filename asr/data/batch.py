@@ -1,4 +1,4 @@
-"""A batch: the one shape every data source's loader gives the model (asr.train.module, asr.train.objectives).
+"""A batch: the one shape every data source's loader gives the model (asr.train.module, asr.models.objectives).
 
     Batch(audio (B, n) float32 zero-padded, audio_lengths (B,) samples, tokens (B, L) int64 padded with the blank,
           token_lengths (B,), texts, dropped)

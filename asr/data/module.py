@@ -31,6 +31,7 @@ from asr.data.sources import Source, source_for
 from asr.data.workers import end_data_workers_at_exit, init_data_worker
 from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
+from asr.models.objectives import objective_class
 from asr.models.subsampling import encoder_frames
 from asr.settings import plain_settings
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, UNK_ID, NotATokenizer, Tokenizer
@@ -105,7 +106,7 @@ class ASRDataModule(pl.LightningDataModule):
             seed: seed of the batch order (with the epoch number).
             subsampling: the model's frame subsampling, linked from model.encoder.subsampling (``too_fast``).
             objective: the model's objective, linked from model.objective: its rule of the encoder frames an
-                utterance needs for its tokens (``too_fast``; asr.train.objectives).
+                utterance needs for its tokens (``too_fast``; asr.models.objectives).
             augmentation: waveform augmentation of training audio (asr.data.augment.Augmentation): all off by default.
             train_shards: train from Lhotse Shar shards written by python -m asr.shard instead of train_manifest: a
                 folder, an https:// or s3:// address of one, or a list of them to mix (asr.data.shards). Start-up
@@ -261,9 +262,7 @@ class ASRDataModule(pl.LightningDataModule):
 
     @cached_property
     def frames_needed(self):
-        """The objective's length rule: token ids -> encoder frames needed (asr.train.objectives)."""
-        from asr.train.objectives import objective_class  # here: the objectives import inference's decoders
-
+        """The objective's length rule: token ids -> encoder frames needed (asr.models.objectives)."""
         return objective_class(self.hparams.objective, "data.objective").frames_needed
 
     def loader(self, split: str, shuffle: bool) -> ResumableLoader:

@@ -30,7 +30,7 @@ class AcousticModel(Protocol):
     sample_rate: int  # Hz of the audio log_probs expects
     tokenizer: Tokenizer  # output class i is tokenizer piece i; 0 is the CTC blank
     frame_seconds: float  # seconds per output frame: feature hop x subsampling
-    # and optionally ``objective`` (asr.train.objectives.Decoding): how its frames become ids, word times and cut
+    # and optionally ``objective`` (asr.models.objectives.Decoding): how its frames become ids, word times and cut
     # points; a model without one is CTC's (a CTC export, or your own); and optionally a ``statistics`` argument of
     # log_probs (CheckpointModel's, ExportedModel's), without which a second pass runs on the speech's audio alone
     # (asr.inference.focus)

@@ -1,11 +1,11 @@
 """A model written by ``python -m asr.export`` (asr.tools.export), read back for transcription: ``load``.
 
-The file is a ``torch.export`` program (ATen graph plus weights; ``load`` imports nothing from
-``asr.models`` and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode: the
-feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head. A transducer's file
+The file is a ``torch.export`` program (ATen graph plus weights; ``load`` imports no network from ``asr.models``, only
+its decoding of frames, and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode:
+the feature front end (STFT, log-mel or log-linear, normalisation), the encoder and the CTC head. A transducer's file
 (model.objective transducer or hybrid) holds three: the network to its frames (the encoder's states in the joint space,
 after the hybrid's CTC log-probs), the prediction network's one-token step and the joiner of one lattice point, which
-asr.inference.transducer decodes with; ``asr.json``'s format names the objective (``asr-ctc-export``,
+asr.models.transducer_decoding decodes with; ``asr.json``'s format names the objective (``asr-ctc-export``,
 ``asr-transducer-export``, ``asr-hybrid-export``).
 Batch size and audio length are dynamic. Its inputs are the audio, the lengths and, since format version 2, the
 samples whose frames give each utterance's normalisation statistics (the second pass of asr.inference.focus);
@@ -17,7 +17,7 @@ seconds per output frame, ...) and the sentencepiece model (``tokenizer.model.b6
     model = load("model.pt2")
     log_probs, out_lengths = model.log_probs(audio, lengths)   # (B, N) samples -> (B, T', V), (B,)
     log_probs, out_lengths = model.log_probs(audio, lengths, statistics)  # statistics from samples (B, 2) [start, end)
-    texts = [model.tokenizer.decode(ids) for ids in asr.inference.decoding.greedy(log_probs, out_lengths)]
+    texts = [model.tokenizer.decode(ids) for ids in asr.models.ctc_decoding.greedy(log_probs, out_lengths)]
     # a transducer's file: model.objective decodes its frames (model.objective.decode(log_probs, out_lengths))
 """
 
@@ -55,7 +55,7 @@ class ExportedModel:
     frame_seconds: float  # seconds of audio per output frame (feature hop x subsampling)
     min_samples: int  # narrower batches are zero-padded to this width (the graph's lower bound)
     device: torch.device
-    objective: object = None  # a transducer's decoding (asr.inference.transducer); None: CTC's (the Transcriber's)
+    objective: object = None  # a transducer's decoding (asr.models.transducer_decoding); None: CTC's (Transcriber)
 
     @torch.inference_mode()
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
@@ -99,7 +99,7 @@ def is_exported(path: str | Path) -> bool:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> ExportedModel:
-    """Read a file written by ``python -m asr.export``; imports nothing from asr.models."""
+    """Read a file written by ``python -m asr.export``; imports no network from asr.models (its decoding only)."""
     from torch.export.pt2_archive._package import load_pt2  # what torch.export.load reads a file with
 
     if not is_exported(path):
@@ -134,8 +134,8 @@ def objective_of(meta: dict, path: str | Path) -> str:
 
 
 def transducer_decoding(programs: dict, decoder: dict, device: torch.device):
-    """asr.inference.transducer's decoding of an exported transducer's prediction network and joiner graphs."""
-    from asr.inference.transducer import TransducerDecoding
+    """asr.models.transducer_decoding's decoding of an exported transducer's prediction network and joiner graphs."""
+    from asr.models.transducer_decoding import TransducerDecoding
 
     return TransducerDecoding(programs["predictor"].module(), programs["joiner"].module(),
                               tuple(decoder["state_shape"]), decoder["ctc_width"], decoder["max_symbols"],

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from asr.inference.result import Span, hops_per_frame, speech_mask
+from asr.inference.result import hops_per_frame, speech_mask
+from asr.models.ctc_decoding import Span
 
 MARGIN_SECONDS = 0.3  # kept on each side of the first pass's first and last token (0.6 and 1.0 s did no better)
 SECOND_PASS = 0.6  # the default share of the file's frames below which the span is run again; at 1.0 (any span

@@ -37,7 +37,7 @@ import torch
 from asr.audio import AudioError, check_finite, frame_samples, read_mono, resample
 from asr.data.manifest import Utterance
 from asr.inference.result import loudness
-from asr.tokenizer import BLANK_ID
+from asr.models.ctc_decoding import blank_cut
 
 
 def chunk_starts(frames: int, chunk: int, overlap: int) -> list[int]:
@@ -117,26 +117,6 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
                 yield log_probs[i, kept_from - start: meet - start], loudness(kept, rate, model.frame_seconds)
                 kept_from = meet
             on_progress((kept_from - done) * model.frame_seconds)
-
-
-def blank_cut(log_probs: torch.Tensor, lo: int, hi: int) -> int:
-    """A frame in [lo, hi) to cut at: the middle of the longest run of frames whose best class is
-    blank, or, with no such frame, the frame most likely blank."""
-    middle = longest_run_middle((log_probs[lo:hi].argmax(-1) == BLANK_ID).tolist())
-    return lo + (middle if middle is not None else int(log_probs[lo:hi, BLANK_ID].argmax()))
-
-
-def longest_run_middle(flags: list[bool]) -> int | None:
-    """The middle of the longest run of True in ``flags`` (the first of equals); None if there is none."""
-    best, best_mid, run = 0, None, 0
-    for i, flag in enumerate(flags + [False]):
-        if flag:
-            run += 1
-        elif run:
-            if run > best:
-                best, best_mid = run, i - run + run // 2
-            run = 0
-    return best_mid
 
 
 def segments(pieces: Iterable[torch.Tensor], length: int,

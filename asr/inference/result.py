@@ -1,8 +1,8 @@
 """What a transcription gives back: a Result with its words, their times and confidences.
 
-Word timings come from CTC forced alignment (``torchaudio.functional.forced_align``) of the
-decoded token ids against the model's log-probabilities: each token gets the encoder frames
-its path occupies. Sentencepiece marks the first piece of a word with "▁", so a word is a
+Word timings come from the objective's alignment of the decoded token ids against the model's
+frames (CTC's: forced alignment, asr.models.ctc_decoding.align): each token gets the encoder
+frames its path occupies. Sentencepiece marks the first piece of a word with "▁", so a word is a
 run of tokens starting with such a piece. Times are seconds from the start of the audio
 read (a manifest line's ``offset`` is not added), clipped to the duration.
 
@@ -26,10 +26,10 @@ import bisect
 from dataclasses import dataclass, field, replace
 
 import torch
-import torchaudio.functional as AF
 
 from asr.audio import frame_samples
-from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
+from asr.models.ctc_decoding import Span
+from asr.tokenizer import WORD_START, Tokenizer
 
 HOP_SECONDS = 0.01  # loudness resolution of word times
 DIGITAL_SILENCE_DB = -90.0  # hops below this are zeros: before the first sound or after the last, padding
@@ -38,16 +38,6 @@ MIN_RANGE_DB = 15.0  # loudest and quietest hops (99th percentile, QUIET) closer
 EARLY_SECONDS = 0.08  # a spike may come this long before the speech it stands for (a Conformer's come one frame early)
 SHARE_SECONDS = 0.3  # a word without speech whose spikes end this close before the next speech shares it
 CLOSURE_SECONDS = 0.05  # a quiet stretch this short between loud ones is speech (the closure of a stop, "six")
-
-
-@dataclass(frozen=True)
-class Span:
-    """One decoded token on encoder frames [start, end) of the whole utterance; score = mean posterior."""
-
-    token: int
-    start: int
-    end: int
-    score: float
 
 
 @dataclass(frozen=True)
@@ -89,28 +79,9 @@ class Result:
         return row
 
 
-def blank_frames(log_probs: torch.Tensor) -> int:
-    """How many of the (T', V) frames' most likely class is the CTC blank."""
-    return int((log_probs.argmax(-1) == BLANK_ID).sum())
-
-
 def confident(words: list[Word], min_confidence: float) -> list[Word]:
     """The words whose confidence is at least ``min_confidence``."""
     return [w for w in words if w.confidence >= min_confidence]
-
-
-def align(log_probs: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
-    """Token spans of ``ids`` on ``log_probs`` (T', V) fp32; frames are counted from ``first_frame``.
-
-    ``ids`` must be a CTC-feasible labelling of the T' frames (tokens plus repeats <= T'),
-    as every CTC decoder's output is.
-    """
-    if not ids:
-        return []
-    targets = torch.tensor([ids], dtype=torch.int32)
-    path, scores = AF.forced_align(log_probs[None].float().contiguous(), targets, blank=BLANK_ID)
-    return [Span(s.token, s.start + first_frame, s.end + first_frame, s.score)
-            for s in AF.merge_tokens(path[0], scores[0].exp(), blank=BLANK_ID)]
 
 
 def words_of(spans: list[Span], tokenizer: Tokenizer, frame_seconds: float, duration: float,

@@ -12,8 +12,8 @@ batching does not change a transcript, but for a model with ``model.features.qui
 line a batch's padding moves (docs/transcription.md, "No words on non-speech"). A file whose decoded speech spans
 under ``second_pass`` of it is run again with the statistics of that span (asr.inference.focus). Longer files are
 read and run in overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform).
-Word times come from the objective's forced alignment (CTC's; a transducer's Viterbi path, asr.inference.transducer)
-snapped to the speech in the audio, confidences from the alignment (asr.inference.result). A streaming model
+Word times come from the objective's forced alignment (CTC's; a transducer's Viterbi path,
+asr.models.transducer_decoding) snapped to the speech in the audio, confidences from the alignment (asr.inference.result). A streaming model
 (--model.encoder.streaming) also transcribes audio as it arrives:
 ``stream`` and ``open_stream`` (asr.inference.streaming). A failed file gives a Result with ``error`` set, or raises TranscriptionError with
 ``on_error="stop"``. The checkpoint is loaded with ``torch.load(weights_only=True)``: no pickled code runs.
@@ -36,15 +36,15 @@ from asr.data.sampler import BucketBatchSampler
 from asr.data.sources import read_utterance
 from asr.inference.acoustic import CheckpointError  # noqa: F401  (Transcriber.from_checkpoint raises it: importable here)
 from asr.inference.acoustic import AcousticModel, CheckpointModel, load_model
-from asr.inference.decoding import Decoder
 from asr.inference.focus import SECOND_PASS, speech_span
 from asr.inference.inputs import check_all, failed, in_order
 from asr.inference.longform import read_frames, segments, stitched
 from asr.inference.result import Result, Word, confident, hops_per_frame, loudness, words_of
 from asr.inference.streaming import (ENDPOINT_SECONDS, MAX_SEGMENT_SECONDS, Session, StreamingModel, Update, chunk_frames,
                                      streaming_model)
+from asr.models.ctc_decoding import Decoder
+from asr.models.objectives import CTC, Decoding
 from asr.train.module import ASRModule
-from asr.train.objectives import CTC, Decoding
 
 WINDOW_BATCHES = 16  # short files are batched within windows of this many batches, kept in input order
 ON_ERROR = ("continue", "stop")

@@ -9,10 +9,11 @@ prediction network over the tokens emitted so far; the hybrid adds CTC's head on
 
 T' counts encoder frames, U target tokens, J the joint width (``TransducerConfig.joint_dim``), V the vocabulary
 with the blank (asr.tokenizer.BLANK_ID, also the prediction network's start symbol). The (B, T', U+1, V) lattice is
-the transducer's cost in memory: J is kept small, and the loss (asr.train.transducer) is fp32 on logits computed
-in the autocast dtype. At inference the network's *frames* are the encoder states in the joint space (B, T', J),
-after the hybrid's CTC log-probabilities (B, T', V) when it has a head; the decoder (asr.inference.transducer) runs
-the prediction network one token at a time (``Predictor.step``) and the joiner on one frame (``Joiner.join``).
+the transducer's cost in memory: J is kept small, and the loss (asr.models.transducer_objectives) is fp32 on logits
+computed in the autocast dtype. At inference the network's *frames* are the encoder states in the joint space
+(B, T', J), after the hybrid's CTC log-probabilities (B, T', V) when it has a head; the decoder
+(asr.models.transducer_decoding) runs the prediction network one token at a time (``Predictor.step``) and the joiner
+on one frame (``Joiner.join``).
 """
 
 from __future__ import annotations

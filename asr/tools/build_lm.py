@@ -7,7 +7,7 @@ Usage:
     asr build-lm train.jsonl lm/chars.6gram.arpa --unit char --order 6
 
 ``--unit char`` models characters instead of words, with '▁' (``asr.tokenizer.WORD_START``) between
-words: asr.inference.decoding then scores each character as the beam search reads it (its ``CharLM``). It
+words: asr.models.ctc_decoding then scores each character as the beam search reads it (its ``CharLM``). It
 suits little text in a language of many word forms, where most words of new speech were never in
 the text; a word model suits a closed vocabulary.
 

@@ -31,8 +31,8 @@ from torch import nn
 
 from asr.atomic import write_atomically
 from asr.checkpoint import precious
-from asr.inference.decoding import greedy
 from asr.inference.exported import FORMAT_VERSION, FORMATS, METADATA_FILE, TOKENIZER_FILE, ExportedModel, load
+from asr.models.ctc_decoding import greedy
 from asr.tokenizer import BLANK_ID
 
 PARITY_ATOL = 1e-4  # max |exported - checkpoint| log-prob allowed; the graphs run the same ATen ops
@@ -119,7 +119,7 @@ def decoder_programs(model: nn.Module) -> dict[str, torch.export.ExportedProgram
 
 
 def decoder_metadata(module: nn.Module) -> dict:
-    """What a transducer's decoding needs beside its graphs (asr.inference.transducer.TransducerDecoding)."""
+    """What a transducer's decoding needs beside its graphs (asr.models.transducer_decoding.TransducerDecoding)."""
     lstm, cfg = module.model.predictor.lstm, module.model.cfg
     return {"state_shape": [lstm.num_layers, lstm.hidden_size], "ctc_width": module.model.ctc_width,
             "max_symbols": cfg.max_symbols, "beam_size": cfg.beam_size}

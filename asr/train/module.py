@@ -1,4 +1,4 @@
-"""ASRModule: the LightningModule around the network of its objective (``--model.objective``, asr.train.objectives:
+"""ASRModule: the LightningModule around the network of its objective (``--model.objective``, asr.models.objectives:
 CTC's asr.models.ctc.CTCModel by default); the loss, and how validation decodes, are the objective's.
 
 Train, validation and test share ``_shared_step`` and log ``{stage}/loss``; validation
@@ -40,6 +40,7 @@ from asr.checkpoint import merge
 from asr.data.batch import Batch
 from asr.intervals import all_sum, host_step
 from asr.models.config import EncoderConfig
+from asr.models.objectives import build_objective
 from asr.models.transducer import TransducerConfig
 from asr.scoring import score
 from asr.settings import plain_settings
@@ -48,7 +49,6 @@ from asr.tokenizer import Tokenizer
 from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
 from asr.train.legacy import as_setting, current_names, group_settings
-from asr.train.objectives import build_objective
 from asr.train.schedule import WarmupCosine
 from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 
@@ -83,10 +83,10 @@ class ASRModule(pl.LightningModule):
             features: the feature front end (asr.audio.FeatureConfig); its sample_rate is linked from data.sample_rate.
             encoder: the encoder's shapes (asr.models.config.EncoderConfig).
             spec_augment: SpecAugment in training (asr.specaugment.SpecAugmentConfig); null turns it off.
-            objective: what training minimises and inference decodes (asr.train.objectives): ctc, transducer (RNN-T),
-                hybrid (the transducer and a CTC head; asr.train.transducer), or a class path package.module:Class; it
-                is handed the settings below that its constructor names (ctc: inter_ctc; the others: transducer and
-                inter_ctc).
+            objective: what training minimises and inference decodes (asr.models.objectives): ctc, transducer (RNN-T),
+                hybrid (the transducer and a CTC head; asr.models.transducer_objectives), or a class path
+                package.module:Class; it is handed the settings below that its constructor names (ctc: inter_ctc;
+                the others: transducer and inter_ctc).
             inter_ctc: weight w of intermediate CTC (Lee and Watanabe 2021): training minimises (1 - w) x the
                 objective's loss + w x the CTC loss of the middle block's output through a CTC head (CTC's, the
                 hybrid's, or one of the transducer's own); 0 = off. Inference is unchanged; train/loss logs the final
@@ -372,7 +372,7 @@ class ASRModule(pl.LightningModule):
 
 
 def objective_defaults() -> dict:
-    """ASRModule's settings that objectives read, at their defaults (asr.train.objectives.build_objective)."""
+    """ASRModule's settings that objectives read, at their defaults (asr.models.objectives.build_objective)."""
     parameters = inspect.signature(ASRModule.__init__).parameters
     return {name: parameters[name].default for name in OBJECTIVE_SETTINGS}
 

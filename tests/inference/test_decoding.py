@@ -1,4 +1,4 @@
-"""asr.inference.decoding (greedy, beam search, the word- and character-LM connections) and asr.tools.build_lm
+"""asr.models.ctc_decoding (greedy, beam search, the word- and character-LM connections) and asr.tools.build_lm
 (``asr build-lm``: a valid, normalised ARPA, which the LM tests here decode with)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.inference.decoding import BeamSearch, CharLM, WordLM, greedy, load_lm, make_decoder
+from asr.models.ctc_decoding import BeamSearch, CharLM, WordLM, greedy, load_lm, make_decoder
 from asr.tokenizer import BLANK_ID
 from asr.tools import build_lm
 from asr.train.module import error_counts

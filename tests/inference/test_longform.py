@@ -20,12 +20,12 @@ import torch
 from asr.audio import frame_samples
 from asr.data import manifest as mf
 from asr.inference.acoustic import load_model
-from asr.inference.decoding import greedy
-from asr.inference.longform import blank_cut, chunk_starts, segments, stitched
+from asr.inference.longform import chunk_starts, segments, stitched
 from asr.inference.result import hops_per_frame, loudness
 from asr.inference.transcribe import Transcriber
+from asr.models.ctc_decoding import blank_cut, greedy
+from asr.models.objectives import CTC
 from asr.tokenizer import BLANK_ID
-from asr.train.objectives import CTC
 from tests.conftest import TEXTS
 from tests.tones import RATE, ToneModel, tones
 

@@ -13,7 +13,8 @@ import random
 import pytest
 import torch
 
-from asr.inference.result import Word, align, runs, snap_to_speech, speech_mask, words_of
+from asr.inference.result import Word, runs, snap_to_speech, speech_mask, words_of
+from asr.models.ctc_decoding import align
 from asr.tokenizer import BLANK_ID, WORD_START, Tokenizer
 
 SPIKE, GAP, CONFIDENCE = 2, 3, 0.9

@@ -136,7 +136,7 @@ def test_cli_passes_decoder_options_and_rejects_bad_combinations(checkpoint, cor
         seen.update(beam_size=beam_size, lm=lm, **options)
         return lambda log_probs, lengths: [[] for _ in lengths]
 
-    monkeypatch.setattr("asr.train.objectives.make_decoder", make_decoder)  # CTC.decoder, which the CLI asks
+    monkeypatch.setattr("asr.models.objectives.make_decoder", make_decoder)  # CTC.decoder, which the CLI asks
     audio = str(corpus.root / "audio" / "a.flac")
     printed = run_cli("--checkpoint", str(checkpoint), audio, "--beam_size", "4", "--lm_weight", "0.7", capsys=capsys)
     assert seen == {"beam_size": 4, "lm": None, "lm_weight": 0.7} and printed == f"{audio}\t\n"

@@ -1,4 +1,4 @@
-"""Decoding a transducer (asr.inference.transducer) and transcribing with one: greedy search bounded per frame and
+"""Decoding a transducer (asr.models.transducer_decoding) and transcribing with one: greedy search bounded per frame and
 batched, the Viterbi alignment against every path, modified beam search, and the Transcriber's paths (word times,
 confidences, long files cut where nothing is emitted, non-speech, the CLI's --beam_size and --lm).
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from asr.inference.transcribe import Transcriber
-from asr.inference.transducer import TransducerDecoding, merge
+from asr.models.transducer_decoding import TransducerDecoding, merge
+from asr.models.transducer_objectives import Hybrid, Transducer
 from asr.tokenizer import BLANK_ID
 from asr.transcribe import main
 from asr.train.module import ASRModule
@@ -73,8 +74,6 @@ def test_batched_greedy_and_beam_search_equal_one_utterance_at_a_time(waveforms)
 
 
 def model_decoding(model) -> TransducerDecoding:
-    from asr.train.transducer import Hybrid, Transducer
-
     return (Hybrid if model.ctc_width else Transducer)(CONFIG).decoding(model)
 
 

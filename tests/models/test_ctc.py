@@ -9,12 +9,12 @@ import torch
 
 from asr.audio import FeatureConfig, num_frames
 from asr.configs import CONFIGS
-from asr.inference.decoding import greedy
 from asr.models.blocks import BLOCKS
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.models.ctc_decoding import greedy
+from asr.models.objectives import ctc_loss
 from asr.models.subsampling import subsampled_lengths
-from asr.train.objectives import ctc_loss
 from tests import MINI, REPO
 from tests.conftest import encoder
 from tests.cli import CHAR_FRAMES

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from asr.audio import FeatureConfig
-from asr.inference.decoding import greedy
 from asr.inference.exported import METADATA_FILE, TOKENIZER_FILE, ExportedModel, ExportedModelV1, is_exported, load
 from asr.models.config import EncoderConfig
+from asr.models.ctc_decoding import greedy
 from asr.tools import export
 from asr.train.module import ASRModule
 from tests.conftest import save_checkpoint
@@ -79,8 +79,8 @@ import json, sys
 for name in ("asr.models.ctc", "asr.train.module", "asr.audio", "asr.data.module", "pytorch_lightning", "lightning", "torchaudio"):
     sys.modules[name] = None  # any import of these now fails
 import torch
-from asr.inference.decoding import greedy
 from asr.inference.exported import load
+from asr.models.ctc_decoding import greedy
 model = load(sys.argv[1])
 audio, lengths = torch.load(sys.argv[2])
 log_probs, out_lengths = model.log_probs(audio, lengths)

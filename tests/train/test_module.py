@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
+from asr.models.objectives import ctc_loss
 from asr.specaugment import SpecAugmentConfig
 from asr.train.module import ASRModule, any_nonfinite, error_counts
-from asr.train.objectives import ctc_loss
 from asr.train.schedule import WarmupCosine
 from tests.conftest import flat_hyper_parameters, old_weight_names, save_checkpoint
 

@@ -1,5 +1,6 @@
-"""--model.objective (asr.train.objectives): chosen by name or class path, CTC by default as before; the settings
-an objective reads; the data's length rule is the objective's own; a fourth objective plugs in with one line."""
+"""--model.objective (asr.models.objectives): chosen by name or class path, CTC by default as before; the settings
+an objective reads; the data's length rule is the objective's own; a fourth objective plugs in with one line; a
+checkpoint or config that names an objective by its class path of before the move to asr.models still loads."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import torch
 from asr.inference.transcribe import Transcriber
 from asr.models.ctc import CTCModel
 from asr.models.network import EncoderNetwork
+from asr.models.objectives import CTC, OBJECTIVES, Loss, ctc_loss
+from asr.models.transducer_objectives import Hybrid, Transducer
 from asr.train.fit import build
 from asr.train.module import ASRModule
-from asr.train.objectives import CTC, OBJECTIVES, Loss, ctc_loss
 from tests import MINI
-from tests.conftest import encoder
+from tests.conftest import encoder, save_checkpoint
 from tests.data.test_module import datamodule
 from tests.decoded import own_transcripts
 from tests.e2e.test_fit import epoch_losses, fit, slice_manifest
@@ -31,7 +33,7 @@ class AnyLength(CTC):
 
 def test_the_default_objective_is_ctc_and_a_class_path_names_one(char_tokenizer):
     default = ASRModule(tokenizer=char_tokenizer, encoder=encoder())
-    by_path = ASRModule(tokenizer=char_tokenizer, encoder=encoder(), objective="asr.train.objectives:CTC")
+    by_path = ASRModule(tokenizer=char_tokenizer, encoder=encoder(), objective="asr.models.objectives:CTC")
     assert type(default.objective) is CTC and type(by_path.objective) is CTC
     assert isinstance(default.model, CTCModel) and default.decoding is default.objective
     assert default.hparams.objective == "ctc"
@@ -78,6 +80,28 @@ def test_the_cli_links_the_models_objective_to_the_data(corpus):
                  "--data.val_manifest", str(corpus.dev), "--trainer.logger", "false",
                  "--trainer.precision", "32-true", "--threads", "1"])
     assert cli.datamodule.hparams.objective == f"{__name__}:AnyLength" and type(cli.model.objective) is AnyLength
+
+
+@pytest.mark.parametrize("old, cls", [("asr.train.objectives:CTC", CTC), ("asr.train.transducer:Hybrid", Hybrid)])
+def test_a_checkpoint_naming_its_objective_by_the_old_class_path_loads_and_transcribes(char_tokenizer, waveforms,
+                                                                                     tmp_path, old, cls):
+    """The objectives moved from asr.train to asr.models (issue 62): a checkpoint whose model.objective is the class
+    path of before (asr.MOVED) loads that objective and transcribes as one naming the new path."""
+    torch.manual_seed(0)
+    module = ASRModule(tokenizer=char_tokenizer, encoder=encoder(), objective=f"{cls.__module__}:{cls.__name__}")
+    new = save_checkpoint(module, tmp_path / "new.ckpt")
+    old_file = save_checkpoint(module, tmp_path / "old.ckpt", hyper_parameters={**module.hparams, "objective": old})
+    loaded, audio = ASRModule.from_checkpoint(old_file), waveforms(0.6, 0.4)
+    assert loaded.hparams.objective == old and type(loaded.objective) is cls
+    assert loaded.transcribe_batch(*audio) == ASRModule.from_checkpoint(new).transcribe_batch(*audio)
+
+
+def test_a_config_naming_the_objective_by_its_old_class_path_trains_it(corpus, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  objective: asr.train.transducer:Transducer\n")  # a run's config.yaml of before
+    cli = build(["--config", str(config), "--data.train_manifest", str(corpus.train), "--data.val_manifest",
+                 str(corpus.dev), "--trainer.logger", "false", "--trainer.precision", "32-true", "--threads", "1"])
+    assert type(cli.model.objective) is Transducer and cli.datamodule.frames_needed([3, 3, 3]) == 1
 
 
 class SmoothedNet(EncoderNetwork):

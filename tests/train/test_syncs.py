@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from asr.data.batch import Batch
+from asr.models import objectives
 from asr.models.config import EncoderConfig
-from asr.train import objectives
 from asr.train.fit import main
 from asr.train.module import ASRModule, NonFiniteLossError
 from tests import MINI

@@ -1,5 +1,5 @@
-"""The transducer objectives (asr.train.transducer): RNN-T's loss summed as torchaudio computes it per utterance,
-the hybrid's weighting, intermediate CTC beside either, sums that add over any split of the batch (what DDP and FSDP
+"""The transducer objectives (asr.models.transducer_objectives): RNN-T's loss summed as torchaudio computes it per
+utterance, the hybrid's weighting, intermediate CTC beside either, sums that add over any split of the batch (what DDP and FSDP
 rely on), fp32 under autocast, a few steps that learn, the settings each objective reads, the data rule, and
 --model.init_from a CTC checkpoint (the encoder loaded, the new layers as initialised)."""
 
@@ -10,12 +10,12 @@ import torch
 import torchaudio.functional as AF
 
 from asr.data.batch import collate
+from asr.models.objectives import CTC, ctc_loss
 from asr.models.transducer import TransducerConfig, TransducerModel
+from asr.models.transducer_objectives import Hybrid, Transducer
 from asr.tokenizer import BLANK_ID
 from asr.train.finetune import FineTune
 from asr.train.init_from import initialize
-from asr.train.objectives import CTC, ctc_loss
-from asr.train.transducer import Hybrid, Transducer
 from tests.conftest import TEXTS, save_checkpoint, sine
 from tests.train.test_init_from import batch
 from tests.train.test_module import module

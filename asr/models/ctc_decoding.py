@@ -1,4 +1,8 @@
-"""CTC decoding: log-probabilities -> token ids, greedily or by beam search with an optional n-gram LM.
+"""What CTC's frames mean (the CTC objective's decoding, asr.models.objectives.CTC): log-probabilities -> token ids,
+greedily or by beam search with an optional n-gram LM; the tokens' frames by forced alignment (``align``, the Spans
+word times and confidences are made of, asr.inference.result.words_of), the frames whose best class is the blank
+(``blank_frames``) and where a long recording's frames may be cut (``blank_cut``, at the longest pause).
+An exported model decodes with this module alone: it imports no network and, but in ``align``, no torchaudio.
 
 Every decoder takes ``log_probs`` (B, T', V) fp32 log-softmax outputs and ``lengths`` (B,)
 encoder frames, and returns one list of token ids (no blanks) per utterance, which
@@ -41,6 +45,7 @@ without it, its characters would be taken for words.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -69,6 +74,59 @@ def greedy(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
     keep = best != BLANK_ID
     keep[:, 1:] &= best[:, 1:] != best[:, :-1]  # a repeat only counts after a change of class
     return [best[b, : int(n)][keep[b, : int(n)]].tolist() for b, n in enumerate(lengths)]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One decoded token on encoder frames [start, end) of the whole utterance; score = mean posterior (what every
+    objective's ``align`` gives)."""
+
+    token: int
+    start: int
+    end: int
+    score: float
+
+
+def align(log_probs: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
+    """Token spans of ``ids`` on ``log_probs`` (T', V) fp32 (``torchaudio.functional.forced_align``); frames are
+    counted from ``first_frame``.
+
+    ``ids`` must be a CTC-feasible labelling of the T' frames (tokens plus repeats <= T'),
+    as every CTC decoder's output is.
+    """
+    import torchaudio.functional as AF  # here: decoding an exported model needs no torchaudio (module docstring)
+
+    if not ids:
+        return []
+    targets = torch.tensor([ids], dtype=torch.int32)
+    path, scores = AF.forced_align(log_probs[None].float().contiguous(), targets, blank=BLANK_ID)
+    return [Span(s.token, s.start + first_frame, s.end + first_frame, s.score)
+            for s in AF.merge_tokens(path[0], scores[0].exp(), blank=BLANK_ID)]
+
+
+def blank_frames(log_probs: torch.Tensor) -> int:
+    """How many of the (T', V) frames' most likely class is the CTC blank."""
+    return int((log_probs.argmax(-1) == BLANK_ID).sum())
+
+
+def blank_cut(log_probs: torch.Tensor, lo: int, hi: int) -> int:
+    """A frame in [lo, hi) to cut at: the middle of the longest run of frames whose best class is
+    blank, or, with no such frame, the frame most likely blank."""
+    middle = longest_run_middle((log_probs[lo:hi].argmax(-1) == BLANK_ID).tolist())
+    return lo + (middle if middle is not None else int(log_probs[lo:hi, BLANK_ID].argmax()))
+
+
+def longest_run_middle(flags: list[bool]) -> int | None:
+    """The middle of the longest run of True in ``flags`` (the first of equals); None if there is none."""
+    best, best_mid, run = 0, None, 0
+    for i, flag in enumerate(flags + [False]):
+        if flag:
+            run += 1
+        elif run:
+            if run > best:
+                best, best_mid = run, i - run + run // 2
+            run = 0
+    return best_mid
 
 
 class BeamSearch:

@@ -1,5 +1,6 @@
 """The objective seam: what training minimises, the network it trains, and how that network's frames become token
-ids, word times and cut points.
+ids, word times and cut points. What a model's output means is the models' own, so the layers above ask it here:
+the data its length rule, training its loss, inference its decoding.
 
     objective.network(features, encoder, vocab_size, spec_augment, checkpoint_every) -> the nn.Module it trains
     objective(model, batch, training) -> Loss(objective to minimise, summed loss of the output, frames, lengths)
@@ -13,9 +14,10 @@ ids, word times and cut points.
     decoding.cut(frames, lo, hi) -> a frame in [lo, hi) where a long recording's frames may be split
 
 What flows from network to objective are its *frames*: per encoder frame, what the objective reads. For CTC they
-are the log-probabilities (B, T', V); for a transducer (asr.train.transducer) the encoder states in the joiner's
-space. asr.inference asks the model's decoding (AcousticModel.objective) for everything above, never CTC's
-functions by name; beam search with a language model (asr.inference.decoding.BeamSearch) is CTC's own.
+are the log-probabilities (B, T', V); for a transducer (asr.models.transducer_objectives) the encoder states in the
+joiner's space. asr.inference asks the model's decoding (AcousticModel.objective) for everything above, never CTC's
+functions by name; CTC's are asr.models.ctc_decoding's (beam search with a language model, BeamSearch, its own), a
+transducer's asr.models.transducer_decoding's.
 
 ``--model.objective`` names the objective: a key of OBJECTIVES or a class path ``package.module:Class``. Its
 constructor's arguments are ASRModule settings of the same names (CTC takes ``inter_ctc``, the transducers
@@ -40,20 +42,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.audio import FeatureConfig
-from asr.data.batch import Batch
-from asr.inference.decoding import Decoder, greedy, make_decoder
-from asr.inference.longform import blank_cut
-from asr.inference.result import Span, align, blank_frames
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.models.ctc_decoding import Decoder, Span, align, blank_cut, blank_frames, greedy, make_decoder
 from asr.specaugment import SpecAugment
 from asr.tokenizer import BLANK_ID, Tokenizer
 
-# --model.objective -> "module:Class", imported only when chosen; a value with a ":" is a class path itself
+# --model.objective -> "module:Class", imported only when chosen; a value with a ":" is a class path itself (the
+# paths of before the objectives moved here, asr.train.objectives and asr.train.transducer, import: asr.MOVED)
 OBJECTIVES: dict[str, str] = {
-    "ctc": "asr.train.objectives:CTC",
-    "transducer": "asr.train.transducer:Transducer",
-    "hybrid": "asr.train.transducer:Hybrid",
+    "ctc": "asr.models.objectives:CTC",
+    "transducer": "asr.models.transducer_objectives:Transducer",
+    "hybrid": "asr.models.transducer_objectives:Hybrid",
 }
 
 
@@ -62,6 +62,22 @@ class Loss(NamedTuple):
     loss_sum: torch.Tensor  # () the output's own loss, summed over the batch (what train/loss logs)
     frames: torch.Tensor  # (B, T', *) what decoding reads (CTC: log-probs (B, T', V))
     lengths: torch.Tensor  # (B,) encoder frames
+
+
+class LabelledBatch(Protocol):
+    """What an objective reads of a batch (asr.data.batch.Batch, the one shape every loader gives, has it)."""
+
+    @property
+    def audio(self) -> torch.Tensor: ...  # (B, n) float32 waveforms, zero-padded
+
+    @property
+    def audio_lengths(self) -> torch.Tensor: ...  # (B,) samples
+
+    @property
+    def tokens(self) -> torch.Tensor: ...  # (B, L) int64 token ids, padded with the blank
+
+    @property
+    def token_lengths(self) -> torch.Tensor: ...  # (B,)
 
 
 class Decoding(Protocol):
@@ -85,7 +101,7 @@ class Objective(Decoding, Protocol):
         middle=False, statistics=None) and gives (frames, lengths); it has ``sample_rate``, ``frame_seconds``,
         ``encoder_frames``, ``forward_flops`` and ``token_rows`` as asr.models.ctc.CTCModel has."""
 
-    def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss: ...
+    def __call__(self, model: nn.Module, batch: LabelledBatch, training: bool) -> Loss: ...
 
     @staticmethod
     def frames_needed(ids: list[int]) -> int:
@@ -122,7 +138,7 @@ def build_objective(name: str, settings: dict, defaults: dict) -> Objective:
 class CTC:
     """CTC on the model's output; in training with ``inter_ctc`` = w > 0, (1 - w) x that + w x the CTC loss of
     the middle block's output through the same head. Decoding is greedy (best path); beam search optionally with
-    an n-gram LM (asr.inference.decoding)."""
+    an n-gram LM (asr.models.ctc_decoding)."""
 
     def __init__(self, inter_ctc: float = 0.0):
         self.inter_ctc = inter_ctc_weight(inter_ctc)
@@ -132,7 +148,7 @@ class CTC:
         return with_middle_block(CTCModel(features, encoder, vocab_size, spec_augment, checkpoint_every), encoder,
                                  self.inter_ctc)
 
-    def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss:
+    def __call__(self, model: nn.Module, batch: LabelledBatch, training: bool) -> Loss:
         weight = self.inter_ctc if training else 0.0
         log_probs, lengths, *middle = model(batch.audio, batch.audio_lengths, middle=weight > 0)
         loss_sum = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lengths, reduction="sum")
@@ -151,11 +167,11 @@ class CTC:
         return greedy(log_probs, lengths)
 
     def decoder(self, tokenizer: Tokenizer, beam_size: int = 1, lm: str | None = None, **options) -> Decoder:
-        """asr.inference.decoding.make_decoder: greedy, or beam search with an optional n-gram LM."""
+        """asr.models.ctc_decoding.make_decoder: greedy, or beam search with an optional n-gram LM."""
         return make_decoder(tokenizer, beam_size, lm, **options)
 
     def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
-        """CTC forced alignment of ``ids`` on one utterance's (T', V) log-probs (asr.inference.result.align)."""
+        """CTC forced alignment of ``ids`` on one utterance's (T', V) log-probs (asr.models.ctc_decoding.align)."""
         return align(frames, ids, first_frame)
 
     def silent_frames(self, frames: torch.Tensor) -> int:
@@ -163,7 +179,7 @@ class CTC:
         return blank_frames(frames)
 
     def cut(self, frames: torch.Tensor, lo: int, hi: int) -> int:
-        """The middle of the longest run of blank frames in [lo, hi) (asr.inference.longform.blank_cut)."""
+        """The middle of the longest run of blank frames in [lo, hi) (asr.models.ctc_decoding.blank_cut)."""
         return blank_cut(frames, lo, hi)
 
 
@@ -193,7 +209,7 @@ def with_middle_block(model: nn.Module, encoder: EncoderConfig, inter_ctc: float
     return model
 
 
-def with_inter_ctc(objective: torch.Tensor, middle: torch.Tensor, lengths: torch.Tensor, batch: Batch,
+def with_inter_ctc(objective: torch.Tensor, middle: torch.Tensor, lengths: torch.Tensor, batch: LabelledBatch,
                    weight: float, zero_infinity: bool = False) -> torch.Tensor:
     """Intermediate CTC (Lee and Watanabe 2021) beside any final objective: (1 - w) x ``objective`` + w x the summed
     CTC loss of ``middle``, the middle block's log-probabilities (B, T', V) through a CTC head (ctc_loss's

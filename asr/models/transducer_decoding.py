@@ -6,7 +6,9 @@ so a checkpoint's modules and an exported model's graphs (asr.tools.export) deco
     join(enc (N, J), context (N, J)) -> log-probabilities (N, V) fp32             one lattice point each
 
 A frame is (J,) encoder states in the joint space, after the hybrid's (V,) CTC log-probabilities when ``ctc_width``
-is V. Every sequence starts from the zero state and the blank (asr.tokenizer.BLANK_ID).
+is V. Every sequence starts from the zero state and the blank (asr.tokenizer.BLANK_ID). This module imports no
+network and no torchaudio (nor does asr.models.ctc_decoding, but in CTC's align): an exported transducer
+(asr.inference.exported) decodes with it.
 
 - greedy (``decode``): batched and frame-synchronous: on each frame every utterance emits its best token until it
   is the blank, at most ``max_symbols`` tokens a frame (icefall's greedy_search with max_sym_per_frame).
@@ -15,7 +17,7 @@ is V. Every sequence starts from the zero state and the blank (asr.tokenizer.BLA
   ``max_symbols`` rounds, and a token of the last round ends the frame itself (icefall's modified_beam_search, which
   is this with one round: a token and a frame at once). Utterances are searched one after another.
 - ``align``: the most probable path of given tokens through the (T', U+1) lattice (Viterbi): each token's frame,
-  and its posterior there as its confidence (asr.inference.result.words_of groups them into words).
+  and its posterior there as its confidence (asr.inference.result.words_of groups these Spans into words).
 - ``silent_frames`` and ``cut``: frames where greedy search emits nothing; a hybrid asks its CTC head's blanks.
 """
 
@@ -26,11 +28,8 @@ from functools import partial
 
 import torch
 
-from asr.inference.decoding import Decoder
+from asr.models.ctc_decoding import Decoder, Span, blank_cut, blank_frames, longest_run_middle
 from asr.tokenizer import BLANK_ID, Tokenizer
-
-# asr.inference.result and longform (word times, cut points) are imported where they are used: an exported model's
-# decoding (asr.inference.exported.load) runs without torchaudio and the feature code they import
 
 Predict = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 Join = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,7 +37,7 @@ LATTICE_VALUES = 1 << 22  # log-probabilities the alignment computes at once (16
 
 
 class TransducerDecoding:
-    """What asr.inference asks of a transducer's objective (asr.train.objectives.Decoding).
+    """What asr.inference asks of a transducer's objective (asr.models.objectives.Decoding).
 
     Args:
         predict, join: the prediction network's step and the joiner (module docstring).
@@ -149,11 +148,9 @@ class TransducerDecoding:
                 for j, (i, token, score) in enumerate(zip(rows.tolist(), tokens.tolist(), best.values.tolist()))}
 
     @torch.no_grad()
-    def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list:
+    def align(self, frames: torch.Tensor, ids: list[int], first_frame: int = 0) -> list[Span]:
         """The Viterbi path of ``ids`` on one utterance's frames (T', [V +] J): per token, the frame it is emitted on
-        (counted from ``first_frame``) and its posterior there: asr.inference.result.Span's."""
-        from asr.inference.result import Span
-
+        (counted from ``first_frame``) and its posterior there."""
         if not ids or not len(frames):
             return []
         blank, emit = self.lattice(self.encoded(frames), ids)  # (T', U+1), (T', U)
@@ -199,8 +196,6 @@ class TransducerDecoding:
     @torch.no_grad()
     def silent_frames(self, frames: torch.Tensor) -> int:
         """Frames on which nothing is emitted: greedy search's, or the hybrid's CTC blanks."""
-        from asr.inference.result import blank_frames
-
         if self.ctc_width:
             return blank_frames(frames[:, : self.ctc_width])
         _, at = self.greedy(frames[None], torch.tensor([len(frames)]))[0]
@@ -209,9 +204,7 @@ class TransducerDecoding:
     @torch.no_grad()
     def cut(self, frames: torch.Tensor, lo: int, hi: int) -> int:
         """A frame in [lo, hi) to cut at: the middle of the longest run of frames on which greedy search (of the
-        frames up to ``hi``) emits nothing, else of [lo, hi); a hybrid's CTC blanks (asr.inference.longform)."""
-        from asr.inference.longform import blank_cut, longest_run_middle
-
+        frames up to ``hi``) emits nothing, else of [lo, hi); a hybrid's CTC blanks (CTC's cut)."""
         if self.ctc_width:
             return blank_cut(frames[:, : self.ctc_width], lo, hi)
         hi = min(hi, len(frames))

@@ -1,12 +1,12 @@
 """The transducer objectives (``--model.objective transducer`` or ``hybrid``): RNN-T's loss on the joiner's lattice
 (asr.models.transducer), and for the hybrid a CTC head on the same encoder beside it (NeMo's hybrid RNNT-CTC
-models). Decoding is asr.inference.transducer's, with the network's prediction network and joiner.
+models). Decoding is asr.models.transducer_decoding's, with the network's prediction network and joiner.
 
     transducer: loss = RNN-T loss (torchaudio.functional.rnnt_loss, fp32, blank asr.tokenizer.BLANK_ID)
     hybrid:     loss = (1 - w) x RNN-T loss + w x CTC loss, w = model.transducer.ctc_weight
     either, with model.inter_ctc = v > 0, in training: (1 - v) x that loss + v x intermediate CTC's
 
-Intermediate CTC (asr.train.objectives.with_inter_ctc, as NeMo's hybrid models have it) puts the middle block's
+Intermediate CTC (asr.models.objectives.with_inter_ctc, as NeMo's hybrid models have it) puts the middle block's
 output through a CTC head: the hybrid's own, or for the transducer one of its own that only training reads. It is
 independent of the final objective: a regulariser of the lower blocks. All are sums over the batch, as CTC's
 (ASRModule divides by the global batch's tokens); train/loss logs the transducer's alone.
@@ -25,13 +25,13 @@ import torchaudio.functional as AF
 from torch import nn
 
 from asr.audio import FeatureConfig
-from asr.data.batch import Batch
-from asr.inference.transducer import TransducerDecoding
 from asr.models.config import EncoderConfig
+from asr.models.objectives import (CTC, LabelledBatch, Loss, ctc_loss, inter_ctc_weight, with_inter_ctc,
+                                   with_middle_block)
 from asr.models.transducer import TransducerConfig, TransducerModel
+from asr.models.transducer_decoding import TransducerDecoding
 from asr.specaugment import SpecAugment
 from asr.tokenizer import BLANK_ID
-from asr.train.objectives import CTC, Loss, ctc_loss, inter_ctc_weight, with_inter_ctc, with_middle_block
 
 
 class Transducer:
@@ -49,7 +49,7 @@ class Transducer:
                                 inter_ctc=self.inter_ctc > 0)
         return with_middle_block(model, encoder, self.inter_ctc)
 
-    def __call__(self, model: nn.Module, batch: Batch, training: bool) -> Loss:
+    def __call__(self, model: nn.Module, batch: LabelledBatch, training: bool) -> Loss:
         weight = self.inter_ctc if training else 0.0
         out = model(batch.audio, batch.audio_lengths, middle=weight > 0, targets=batch.tokens,
                     target_lengths=batch.token_lengths)
@@ -59,7 +59,7 @@ class Transducer:
             objective = with_inter_ctc(objective, out.middle_log_probs, out.lengths, batch, weight, zero_infinity=True)
         return Loss(objective, loss_sum, out.frames, out.lengths)
 
-    def weighted(self, loss_sum: torch.Tensor, out, batch: Batch) -> torch.Tensor:
+    def weighted(self, loss_sum: torch.Tensor, out, batch: LabelledBatch) -> torch.Tensor:
         """What training minimises, given the transducer's summed loss: that loss."""
         return loss_sum
 
@@ -83,7 +83,7 @@ class Hybrid(Transducer):
     ctc_head = True
     frames_needed = staticmethod(CTC.frames_needed)
 
-    def weighted(self, loss_sum: torch.Tensor, out, batch: Batch) -> torch.Tensor:
+    def weighted(self, loss_sum: torch.Tensor, out, batch: LabelledBatch) -> torch.Tensor:
         ctc = ctc_loss(out.ctc_log_probs, out.lengths, batch.tokens, batch.token_lengths, reduction="sum")
         return (1 - self.cfg.ctc_weight) * loss_sum + self.cfg.ctc_weight * ctc
 

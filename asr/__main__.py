@@ -1,7 +1,7 @@
 """``asr COMMAND ARGS``: the console script (``[project.scripts]``); each command is also ``python -m asr.COMMAND``.
 
-    asr fit --config configs/recipes/demo.yaml
-    asr transcribe --checkpoint runs/demo/version_0/checkpoints/last.ckpt data/mini/test.jsonl
+    asr fit                                                   # the default run: the bundled corpus on a CPU
+    asr transcribe --checkpoint runs/default/version_0/checkpoints/last.ckpt data/mini/test.jsonl
 """
 
 from __future__ import annotations

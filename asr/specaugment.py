@@ -28,8 +28,10 @@ class SpecAugmentConfig:
     freq_width: int = 15
     time_masks: int = 2
     time_width: float = 0.05
-    freq_warp: float = 0.0
-    freq_warp_jitter: float = 0.0
+    freq_warp: float = 0.15  # other vocal tracts, on the features, instead of data.augmentation.pitch_prob's waveform
+    # pitch shift: dev as good at a fraction of the data worker's CPU (docs/benchmarks.md, 2026-11-24 morning)
+    freq_warp_jitter: float = 0.1  # formants scaled unevenly too: dev loss 0.382 / 0.417 / 0.415 for seeds 0 / 1 / 2,
+    # 0.410 / 0.405 / 0.420 without (docs/benchmarks.md, 2026-11-24 noon)
 
     def __post_init__(self):
         for name in ("freq_warp", "freq_warp_jitter"):
@@ -58,7 +60,7 @@ class SpecAugment(nn.Module):
     WARP_KNEE = 0.8  # output Hz up to this fraction of the top bin's (times min(1, a)) come from f / a; then linear
     JITTER_KNOTS_HZ = (400.0, 1000.0, 2000.0, 3500.0)  # between and around the first three formants
 
-    def __init__(self, config: SpecAugmentConfig = SpecAugmentConfig(), bin_hz: torch.Tensor | None = None):
+    def __init__(self, config: SpecAugmentConfig, bin_hz: torch.Tensor | None = None):
         super().__init__()
         if config.warps and bin_hz is None:
             raise ValueError("SpecAugment: freq_warp needs the bins' frequencies (bin_hz)")

@@ -9,13 +9,13 @@ import pytest
 from asr.data.augment import Augmentation
 from asr.train.fit import run as fit_command
 
-# Every waveform augmentation off (configs/recipes/demo.yaml turns several on): no randomness in the data,
+# Every waveform augmentation off (the default run turns several on): no randomness in the data,
 # so that a resumed or a distributed run can be compared with an uninterrupted single-process one.
 NO_AUGMENTATION = [arg for f in fields(Augmentation) if f.name.endswith("_prob")
                    for arg in (f"--data.augmentation.{f.name}", "0")]
 
-# Character CTC needs 40 ms encoder frames: at the demo recipe's 8x subsampling (80 ms) data/mini's speech, about 15
-# characters a second, leaves too few frames for most transcripts. Tests that train characters on the demo recipe take
+# Character CTC needs 40 ms encoder frames: at the default run's 8x subsampling (80 ms) data/mini's speech, about 15
+# characters a second, leaves too few frames for most transcripts. Tests that train characters on the default run take
 # the front end it had at 40 ms frames (4x at d_model channels, attention +-4 frames, a 15-frame convolution).
 CHAR_FRAMES = ["--model.encoder.subsampling", "4", "--model.encoder.conv_channels", "0",
                "--model.encoder.attention_window", "4", "--model.encoder.conv_kernel", "15"]

@@ -27,6 +27,7 @@ if "ASR_CACHE_DIR" not in os.environ:  # made once (xdist workers and subprocess
     atexit.register(shutil.rmtree, os.environ["ASR_CACHE_DIR"], ignore_errors=True)
 
 from asr.audio import FeatureConfig
+from asr.data.augment import Augmentation
 from asr.hardware import usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
@@ -127,6 +128,12 @@ def char_tokenizer() -> Tokenizer:
 # were written for, whatever the default run's encoder (EncoderConfig's defaults) is.
 TINY_ENCODER = {"d_model": 32, "n_heads": 4, "n_layers": 2, "block": "transformer", "subsampling": 4,
                 "conv_channels": 0, "attention_window": 0, "attention_dropout": 0.0, "conv_kernel": 31}
+
+
+# Data as these tests were written for, whatever the default run's (ASRDataModule's defaults): characters, each
+# utterance at its own speed, no augmentation, nothing cached, 4x subsampling's frames (as TINY_ENCODER's).
+PLAIN_DATA = {"tokenizer_type": "char", "max_batch_seconds": 60.0, "speed_perturb": [1.0], "cache_audio_mb": 0.0,
+              "subsampling": 4, "augmentation": Augmentation.off()}
 
 
 def encoder(**overrides) -> EncoderConfig:
@@ -243,8 +250,9 @@ def checkpoint(tmp_path_factory):
 
     tokenizer = Tokenizer.train(TEXTS, model_type="char")
     torch.manual_seed(0)
-    module = ASRModule(tokenizer=tokenizer, encoder=EncoderConfig(d_model=32, n_heads=2, n_layers=1, ff_mult=2,
-                                                                  dropout=0.0, attention_window=4))
+    module = ASRModule(tokenizer=tokenizer, encoder=encoder(n_heads=2, n_layers=1, ff_mult=2, dropout=0.0,
+                                                            attention_window=4),
+                       features=FeatureConfig(norm="bin", quiet_db=0.0), inter_ctc=0.0)
     return save_checkpoint(module, tmp_path_factory.mktemp("ckpt") / "tiny.ckpt")
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from asr.audio import FeatureConfig
-from asr.models.config import EncoderConfig
 from asr.tokenizer import Tokenizer
+from tests.conftest import encoder
 from tests.tones import FRAME, ToneModel
 
 RATE = 16000
@@ -28,9 +28,9 @@ def streaming_module(tokenizer: Tokenizer, chunk: int = 2, rate: int = RATE):
     from asr.train.module import ASRModule  # here: Lightning only for the tests that need it
 
     torch.manual_seed(0)
-    cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
-                        streaming=True, chunk_frames=chunk, left_context=6)
-    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(rate, norm="global", var_floor=0.0))
+    cfg = encoder(n_heads=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5, streaming=True,
+                  chunk_frames=chunk, left_context=6)
+    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(rate, norm="global", var_floor=0.0, quiet_db=0.0))
     module.eval()
     audio = speech_and_pauses(rate=rate)[None]
     with torch.no_grad():

@@ -9,8 +9,9 @@ from asr.specaugment import SpecAugment, SpecAugmentConfig
 
 
 def features(sample_rate: int, kind: str = "auto", norm: str = "bin") -> FeatureExtractor:
-    """The front end without a variance floor: features of unit variance, whatever their level."""
-    return FeatureExtractor(FeatureConfig(sample_rate, kind, norm=norm, var_floor=0.0))
+    """The front end without a variance floor, every frame in the statistics: features of unit variance, whatever
+    their level."""
+    return FeatureExtractor(FeatureConfig(sample_rate, kind, norm=norm, var_floor=0.0, quiet_db=0.0))
 
 
 def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
@@ -120,6 +121,17 @@ def test_padding_in_a_batch_does_not_change_an_utterances_features(sample_rate, 
     assert batch[1, frames[1] :].abs().max() == 0
 
 
+@pytest.mark.parametrize("config", [FeatureConfig(), FeatureConfig(stats_db=30.0)])
+def test_the_default_features_of_audio_shorter_than_a_frame_are_no_frame(config):
+    """The default run's front end leaves its quiet frames (quiet_db) out of the statistics, or keeps the loud ones
+    (stats_db): with no frame to choose among, a clip shorter than a hop gives no frame, alone or batched."""
+    audio, lengths = torch.randn(2, 16000) * 0.1, torch.tensor([100, 16000])
+    alone, frames = FeatureExtractor(config)(audio[:1, :100], lengths[:1])
+    assert alone.shape[1] == int(frames[0]) == 0
+    batch, frames = FeatureExtractor(config)(audio, lengths)
+    assert int(frames[0]) == 0 and bool(batch.isfinite().all())
+
+
 @pytest.mark.parametrize("sample_rate", [8000, 16000])
 @pytest.mark.parametrize("samples", [1, 100, 248, 399])
 def test_audio_shorter_than_a_window_gives_its_frames_alone_and_in_a_batch(sample_rate, samples, tiny_model):
@@ -223,15 +235,18 @@ def test_features_stay_fp32_under_bf16_autocast(waveforms):
     torch.testing.assert_close(feats, extractor(audio, lengths)[0])
 
 
+MASKS = SpecAugmentConfig(freq_warp=0.0, freq_warp_jitter=0.0)  # frequency and time masks alone
+
+
 def test_spec_augment_is_identity_in_eval_mode():
     feats = torch.randn(3, 200, 80)
-    assert torch.equal(SpecAugment().eval()(feats), feats)
+    assert torch.equal(SpecAugment(MASKS).eval()(feats), feats)
 
 
 def test_spec_augment_masks_with_zeros_in_training():
     torch.manual_seed(0)
     feats = torch.randn(3, 200, 80)
-    masked = SpecAugment().train()(feats)
+    masked = SpecAugment(MASKS).train()(feats)
     assert masked.shape == feats.shape
     zeroed = masked == 0
     assert zeroed.any()
@@ -240,7 +255,7 @@ def test_spec_augment_masks_with_zeros_in_training():
 
 def test_spec_augment_draws_different_masks_for_each_utterance():
     torch.manual_seed(0)
-    masked = SpecAugment().train()(torch.randn(4, 200, 80))
+    masked = SpecAugment(MASKS).train()(torch.randn(4, 200, 80))
     zeroed = masked == 0
     assert any(not torch.equal(zeroed[0], zeroed[i]) for i in range(1, 4))
 
@@ -327,7 +342,7 @@ def test_freq_warp_draws_a_factor_per_utterance_in_training_and_is_off_in_eval()
     with pytest.raises(ValueError, match="model.spec_augment.freq_warp"):
         SpecAugment(SpecAugmentConfig(freq_warp=0.5), bin_hz=cfg.bin_hz())
     # the knots alone warp too
-    jitter = SpecAugment(SpecAugmentConfig(0, 15, 0, 0.05, freq_warp_jitter=0.1), bin_hz=cfg.bin_hz())
+    jitter = SpecAugment(SpecAugmentConfig(0, 15, 0, 0.05, freq_warp=0.0, freq_warp_jitter=0.1), bin_hz=cfg.bin_hz())
     out = jitter.train()(feats.clone())
     assert not torch.equal(out[0], feats[0]) and not torch.equal(out[0], out[1])
     assert torch.equal(jitter.eval()(feats), feats)

@@ -1,27 +1,56 @@
-"""configs/recipes/demo.yaml: the model and data defaults are ASRModule's and ASRDataModule's signatures, with their
-groups of settings (model.encoder, model.features, model.spec_augment, data.augmentation) the defaults of those
-dataclasses; the file states only what the bundled demo changes, each with a comment saying why, so a default lives
-in one place.
+"""One layer of defaults: the signature defaults of model and data (and of their groups of settings: model.encoder,
+model.features, model.spec_augment, data.augmentation), configs/trainer.yaml and seed 0 are the default run. It is
+what ``python -m asr.fit`` trains and what ``--help`` prints; every shipped recipe and preset names only what differs
+from it, so a preset stacked on any recipe changes only what it names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import io
-import re
+import sys
 from contextlib import redirect_stdout
+from functools import cache
+from unittest import mock
 
 import pytest
 import yaml
 from asr.configs import CONFIGS
 from asr.data.module import ASRDataModule
 from asr.models.config import EncoderConfig
-from asr.train.fit import DEFAULT_CONFIG, Trainer, main
+from asr.train.fit import TRAINER_DEFAULTS, Trainer, main
 from asr.train.module import ASRModule
 
-SECTIONS = {"model": ASRModule, "data": ASRDataModule, "trainer": Trainer}
+SHIPPED = sorted(p.relative_to(CONFIGS).as_posix() for kind in ("recipes", "model", "data", "strategy")
+                 for p in (CONFIGS / kind).glob("*.yaml"))
+PRESETS = [name for name in SHIPPED if not name.startswith("recipes/")]
+# What a preset is about, named even where it equals the default, so that on any recipe it is that: a size preset's
+# size and frame rate, a data preset's rate and features.
+SUBJECTS = {"model": {"model.encoder.block", "model.encoder.d_model", "model.encoder.n_heads", "model.encoder.n_layers",
+                      "model.encoder.subsampling"},
+            "data": {"data.sample_rate", "model.features.kind"}, "strategy": set(), "recipes": set()}
+
+
+def resolved(*args: str) -> dict:
+    """What ``python -m asr.fit ARGS --print_config`` resolves to."""
+    with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out, mock.patch.object(sys, "argv", ["asr.fit"]):
+        main([*args, "--print_config"])
+    return yaml.safe_load(out.getvalue())
+
+
+@cache
+def resolved_recipe(recipe: str | None = None) -> dict:
+    """What a shipped recipe resolves to; None: the default run."""
+    return resolved(*(["--config", str(CONFIGS / recipe)] if recipe else []))
+
+
+def default_run() -> dict:
+    return resolved_recipe()
+
+
+def shipped(name: str) -> dict:
+    return yaml.safe_load((CONFIGS / name).read_text()) or {}
 
 
 def signature_defaults(cls) -> dict:
@@ -39,136 +68,132 @@ def group_fields(value):
     return value
 
 
-def groups(cls) -> set[str]:
-    """The arguments of ``cls`` that are groups of settings (model.encoder, data.augmentation, ...)."""
-    return {name for name, value in signature_defaults(cls).items() if isinstance(value, dict)}
-
-
 def plain(value):
-    """YAML lists and Python tuples compare alike; a class compares as its dotted path (a YAML class_path)."""
+    """YAML lists and Python tuples compare alike, and so do 1 and 1.0."""
     if isinstance(value, (list, tuple)):
         return tuple(plain(v) for v in value)
-    return f"{value.__module__}.{value.__qualname__}" if inspect.isclass(value) else value
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def restated(settings: dict, cls) -> list[str]:
-    """The keys of ``settings`` whose value equals ``cls``'s default, those of a group of settings (dotted) whose value
-    equals the group's default, and class_path/init_args that restate theirs."""
-    defaults, found = signature_defaults(cls), []
-    for key, value in settings.items():
-        if isinstance(value, dict) and isinstance(defaults.get(key), dict):  # a group: model.encoder, data.augmentation
-            group = defaults[key]
-            found += [f"{key}.{k}" for k, v in value.items() if k in group and plain(group[k]) == plain(v)]
-        elif isinstance(value, dict) and "class_path" in value:  # e.g. model.optimizer: its init_args against its class
-            module, name = value["class_path"].rsplit(".", 1)
-            target = getattr(importlib.import_module(module), name)
-            found += [f"{key}.init_args.{k}" for k in restated(value.get("init_args") or {}, target)]
-            if plain(defaults.get(key)) == value["class_path"] and not value.get("init_args"):
-                found.append(key)
-        elif key in defaults and plain(defaults[key]) == plain(value):
-            found.append(key)
+def restated(config: dict, default: dict, prefix: str = "") -> list[str]:
+    """The dotted names of ``config``'s settings whose value equals ``default``'s (a resolved config). Under a
+    class_path other than the default's, none: the init_args are that class's (a strategy preset spells out its
+    options), not the default run's."""
+    found = []
+    for key, value in config.items():
+        name, base = f"{prefix}{key}", default.get(key) if isinstance(default, dict) else None
+        base_class = base.get("class_path") if isinstance(base, dict) else base
+        if isinstance(value, dict) and "class_path" in value and value["class_path"] != base_class:
+            continue
+        if isinstance(value, dict) and isinstance(base, dict):
+            found += restated(value, base, f"{name}.")
+        elif key in (default or {}) and plain(value) == plain(base):
+            found.append(name)
     return found
 
 
-def test_restated_finds_a_default_and_ignores_a_change():
-    encoder = {"d_model": EncoderConfig.d_model, "attention_window": 99}
-    assert restated({"encoder": encoder, "inter_ctc": 0.0}, ASRModule) == ["encoder.d_model", "inter_ctc"]
-    assert restated({"speed_perturb": [1.0], "augmentation": {"noise_kinds": ["white", "pink", "babble"]}},
-                    ASRDataModule) == ["speed_perturb", "augmentation.noise_kinds"]
-    assert restated({"spec_augment": None, "features": {"var_floor": 0.0}}, ASRModule) == []
-    optimizer = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.001, "weight_decay": 0.5}}
-    assert restated({"optimizer": optimizer}, ASRModule) == ["optimizer.init_args.lr"]
-
-
-@pytest.mark.parametrize("section", sorted(SECTIONS))
-def test_the_demo_recipe_restates_no_signature_default(section):
-    settings = yaml.safe_load(DEFAULT_CONFIG.read_text()).get(section) or {}
-    duplicates = restated(settings, SECTIONS[section])
-    assert not duplicates, (f"configs/recipes/demo.yaml {section}: {duplicates} equal {SECTIONS[section].__name__}'s "
-                            "defaults; delete them there (the signature is the one source)")
-
-
-def test_each_model_and_data_setting_of_the_demo_recipe_says_why():
-    """Each setting of model and data, and of their groups (model.encoder.block, data.augmentation.noise_prob, ...)."""
-    section, group, silent = None, None, []
-    for line in DEFAULT_CONFIG.read_text().splitlines():
-        if re.match(r"\w", line):
-            section, group = line.split(":")[0], None
-        if section not in ("model", "data"):
-            continue
-        if key := re.match(r"  (\w+):(.*)", line):
-            name, value = f"{section}.{key.group(1)}", key.group(2)
-            group = name if key.group(1) in groups(SECTIONS[section]) else None
-        elif group and (key := re.match(r"    (\w+):(.*)", line)):
-            name, value = f"{group}.{key.group(1)}", key.group(2)
+def leaves(config: dict, prefix: str = "") -> dict:
+    """{dotted name: value} of a config's settings (a class_path's init_args each on its own)."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out |= leaves(value, f"{prefix}{key}.")
         else:
-            continue
-        if value.strip() and "#" not in line:
-            silent.append(name)
-    assert not silent, f"configs/recipes/demo.yaml: {silent} differ from the signature default without a comment saying why"
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def test_the_default_run_is_the_signatures_with_the_demo_recipe_on_top():
-    """No third source: what `python -m asr.fit` resolves to is the signature defaults plus the demo recipe."""
-    with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out:
-        main(["--print_config"])
-    resolved, written = yaml.safe_load(out.getvalue()), yaml.safe_load(DEFAULT_CONFIG.read_text())
-    for section in ("model", "data"):
-        defaults = signature_defaults(SECTIONS[section])
-        expected = defaults | written[section]
-        for key, value in resolved[section].items():
-            if key == "optimizer":
-                assert value["class_path"] == written[section][key]["class_path"]
-                assert value["init_args"].items() >= written[section][key]["init_args"].items()
-            elif key in groups(SECTIONS[section]) and isinstance(value, dict):  # the group's defaults, then the file's
-                group = defaults[key] | (written[section].get(key) or {})
-                assert value.keys() <= group.keys(), f"{section}.{key}: {sorted(value.keys() - group.keys())}"
+def test_restated_finds_a_default_and_ignores_a_change():
+    default = default_run()
+    encoder = {"d_model": EncoderConfig.d_model, "attention_window": 99}
+    assert restated({"model": {"encoder": encoder, "inter_ctc": 0.3}}, default) == ["model.encoder.d_model",
+                                                                                    "model.inter_ctc"]
+    assert restated({"data": {"speed_perturb": [0.9, 1, 1.1], "augmentation": {"noise_kinds": ["white", "pink", "babble"]}}},
+                    default) == ["data.speed_perturb", "data.augmentation.noise_kinds"]
+    assert restated({"model": {"spec_augment": None, "features": {"var_floor": 0.0}}}, default) == []
+    optimizer = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.001, "weight_decay": 0.5}}
+    assert restated({"model": {"optimizer": optimizer}}, default) == ["model.optimizer.class_path",
+                                                                      "model.optimizer.init_args.lr"]
+    sgd = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.001, "momentum": 0.0}}
+    assert restated({"model": {"optimizer": sgd}}, default) == []  # another class: its arguments are its own
+    assert restated({"seed_everything": 0, "trainer": {"max_epochs": 50, "devices": 2}}, default) == [
+        "seed_everything", "trainer.max_epochs"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_no_preset_or_recipe_restates_a_default(name):
+    """A setting equal to the default run's would hide where its value comes from, and pin it when the default moves."""
+    duplicates = sorted(set(restated(shipped(name), default_run())) - SUBJECTS[name.split("/")[0]])
+    assert not duplicates, (f"configs/{name}: {duplicates} equal the default run's (the signature defaults, "
+                            "configs/trainer.yaml): delete them there")
+
+
+def test_the_default_run_is_the_signature_defaults_and_trainer_yaml():
+    """No third source: what `python -m asr.fit` resolves to is ASRModule's and ASRDataModule's signature defaults
+    (their groups' dataclass defaults, ASRModule's optimizer), the Trainer's with configs/trainer.yaml, and seed 0."""
+    run = default_run()
+    for section, cls in (("model", ASRModule), ("data", ASRDataModule)):
+        defaults = signature_defaults(cls)
+        for key, value in run[section].items():
+            expected = defaults[key]
+            if isinstance(expected, dict) and "class_path" in expected:  # model.optimizer
+                assert value["class_path"] == expected["class_path"]
+                assert value["init_args"].items() >= expected["init_args"].items()
+            elif isinstance(expected, dict):
+                assert value.keys() == expected.keys() - {"sample_rate"}, f"{section}.{key}"  # linked from data
                 for name, setting in value.items():
-                    assert plain(setting) == plain(group[name]), f"{section}.{key}.{name}"
-            else:
-                assert plain(value) == plain(expected[key]), f"{section}.{key}"
+                    assert plain(setting) == plain(expected[name]), f"{section}.{key}.{name}"
+            elif key not in ("tokenizer", "subsampling", "objective"):  # linked from the model
+                assert plain(value) == plain(expected), f"{section}.{key}"
+    trainer = signature_defaults(Trainer) | yaml.safe_load(TRAINER_DEFAULTS.read_text())
+    for key in ("accelerator", "devices", "max_epochs", "precision", "log_every_n_steps", "num_sanity_val_steps"):
+        assert plain(run["trainer"][key]) == plain(trainer[key]), f"trainer.{key}"
+    assert run["seed_everything"] == 0
 
 
-def resolved_model(*args: str) -> dict:
-    """The model section ``python -m asr.fit ARGS --print_config`` resolves to (configs/recipes/demo.yaml first)."""
-    with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out:
-        main([*args, "--print_config"])
-    return yaml.safe_load(out.getvalue())["model"]
+def test_help_prints_the_default_run():
+    """`python -m asr.fit --help` describes the model the no-flag run trains."""
+    with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out, mock.patch.object(sys, "argv", ["asr.fit"]):
+        main(["--help"])
+    help_text = " ".join(out.getvalue().split())
+    run = default_run()
+    for flag, value in (("--model.encoder.block", run["model"]["encoder"]["block"]),
+                        ("--model.encoder.subsampling", run["model"]["encoder"]["subsampling"]),
+                        ("--model.inter_ctc", run["model"]["inter_ctc"]),
+                        ("--data.augmentation.noise_prob", run["data"]["augmentation"]["noise_prob"])):
+        shown = help_text.rsplit(f"{flag} ", 1)[1].split(" --", 1)[0]  # its entry (after the usage line)
+        assert shown.endswith(f"default: {value})"), f"{flag}: {shown}"
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml")))
-def test_a_size_preset_keeps_its_block_over_the_demo_recipe(preset):
-    """the demo recipe's Conformer must not turn `--config configs/model/small.yaml` (the README's own-data command,
-    asr.bench's presets) into a Conformer, nor give the larger Conformers its 7-frame convolution or 8x subsampling: stacked on it."""
-    model = resolved_model("--config", str(DEFAULT_CONFIG), "--config", str(CONFIGS / "model" / f"{preset}.yaml"))
-    assert model["encoder"]["block"] == ("conformer" if preset.startswith("conformer") else "transformer")
-    if preset in ("conformer-small", "conformer-base"):
-        assert model["encoder"]["conv_kernel"] == EncoderConfig.conv_kernel
-    if preset != "conformer-tiny":  # the demo recipe's own model; the others keep their front end and its windows
-        own = yaml.safe_load((CONFIGS / "model" / f"{preset}.yaml").read_text())["model"]["encoder"]
-        assert model["encoder"]["subsampling"] == own["subsampling"]
-        assert model["encoder"]["conv_channels"] == own["conv_channels"]
-        assert model["encoder"]["attention_window"] == own["attention_window"]
-
-
-def test_the_default_run_trains_conformer_tiny():
-    """configs/model/conformer-tiny.yaml says it is the default run's model: stacking it changes nothing."""
-    tiny = CONFIGS / "model" / "conformer-tiny.yaml"
-    assert resolved_model("--config", str(DEFAULT_CONFIG), "--config", str(tiny)) == resolved_model()
+@pytest.mark.parametrize("recipe, preset", [(None, preset) for preset in PRESETS] + [
+    ("recipes/gpu-100h.yaml", "model/small.yaml"), ("recipes/real-1h-cpu.yaml", "model/conformer-large.yaml"),
+    ("recipes/real-1h-cpu.yaml", "data/8khz.yaml"), ("recipes/gpu-1000h.yaml", "strategy/fsdp.yaml")])
+def test_a_preset_stacked_on_a_recipe_changes_only_what_it_names(recipe, preset):
+    """`--config configs/model/small.yaml` alone is the default run with small's settings, not a third config;
+    on a recipe, it changes the recipe's settings it names and nothing else (a class it names comes with its own
+    arguments)."""
+    before = leaves(resolved_recipe(recipe))
+    after = leaves(resolved(*(["--config", str(CONFIGS / recipe)] if recipe else []), "--config", str(CONFIGS / preset)))
+    named = leaves(shipped(preset))
+    classes = [key.removesuffix("class_path") + "init_args." for key in named if key.endswith(".class_path")]
+    changed = {key for key in after if after[key] != before.get(key) and not key.startswith(tuple(classes))}
+    assert changed <= named.keys(), f"{preset} on {recipe or 'the default run'} changed {sorted(changed - named.keys())} too"
+    for key, value in named.items():
+        assert plain(after[key]) == plain(value), f"{preset} on {recipe or 'the default run'}: {key}"
 
 
 def test_a_config_named_as_the_docs_write_it_resolves_to_the_shipped_file_from_any_folder(tmp_path, monkeypatch):
     from asr.configs import map_configs, resolve
 
     monkeypatch.chdir(tmp_path)  # no configs/ here: an installed asr run from elsewhere
-    shipped = str(CONFIGS / "recipes" / "demo.yaml")
-    assert resolve("configs/recipes/demo.yaml") == resolve("recipes/demo.yaml") == shipped
+    shipped_file = str(CONFIGS / "recipes" / "real-1h-cpu.yaml")
+    assert resolve("configs/recipes/real-1h-cpu.yaml") == resolve("recipes/real-1h-cpu.yaml") == shipped_file
     assert resolve("configs/recipes/none.yaml") == "configs/recipes/none.yaml"  # left for asr.fit to refuse
     (tmp_path / "configs" / "recipes").mkdir(parents=True)
-    (tmp_path / "configs" / "recipes" / "demo.yaml").write_text("trainer: {}\n")
-    assert resolve("configs/recipes/demo.yaml") == "configs/recipes/demo.yaml"  # a file of the user's comes first
-    args, count = map_configs(["-c", "a", "--x", "1", "--config=b", "--config", "c"], str.upper)
-    assert args == ["-c", "A", "--x", "1", "--config=B", "--config", "C"] and count == 3
+    (tmp_path / "configs" / "recipes" / "real-1h-cpu.yaml").write_text("trainer: {}\n")
+    assert resolve("configs/recipes/real-1h-cpu.yaml") == "configs/recipes/real-1h-cpu.yaml"  # the user's file first
+    args = map_configs(["-c", "a", "--x", "1", "--config=b", "--config", "c"], str.upper)
+    assert args == ["-c", "A", "--x", "1", "--config=B", "--config", "C"]
 
 
 def test_the_bar_and_summary_are_lightnings_plain_ones_with_or_without_rich(monkeypatch):

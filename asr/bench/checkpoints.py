@@ -4,8 +4,8 @@ rank 0 gathering one full file, each rank writing its shard, and that write in t
     python -m asr.bench.checkpoints --config configs/model/xl.yaml
     python -m asr.bench.checkpoints --config configs/model/tiny.yaml --rounds 1   # a quick look
 
-torchrun starts 2 processes of ``python -m asr.fit --config configs/recipes/demo.yaml --config PRESET --config
-configs/strategy/fsdp.yaml`` (32-true, batches of 4 s); after its first optimizer step, when AdamW holds its moments,
+torchrun starts 2 processes of ``python -m asr.fit --config PRESET --config configs/strategy/fsdp.yaml``
+(32-true, batches of 4 s); after its first optimizer step, when AdamW holds its moments,
 each way saves ``last.ckpt`` ``--rounds`` times with ``trainer.save_checkpoint``, as ModelCheckpoint does, the rounds
 after the first rewriting it. Per way, the median round of:
 - blocked: how long save_checkpoint kept the slower rank from training (state dicts, gather, copy to CPU memory,
@@ -88,9 +88,9 @@ def slowest(strategy, seconds: float) -> float:
 
 
 def fit_args(config: str, rounds: int, out: str) -> list[str]:
-    """asr.fit's arguments: the demo recipe, the preset, FSDP, one step of 4 s batches, nothing else written."""
+    """asr.fit's arguments: the preset, FSDP, one step of 4 s batches, nothing else written."""
     callbacks = [{"class_path": f"{MODULE}.TimeSaves", "init_args": {"rounds": rounds}}]
-    return ["--config", str(fit.DEFAULT_CONFIG), "--config", config, "--config", "configs/strategy/fsdp.yaml",
+    return ["--config", config, "--config", "configs/strategy/fsdp.yaml",
             "--trainer.precision", "32-true", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
             "--trainer.enable_checkpointing", "false",
             "--data.max_batch_seconds", "4", "--data.num_workers", "0", "--test", "false",

@@ -1,6 +1,6 @@
 """``python -m asr.bench.loader --shards DIR --manifest FILE``: audio-seconds per second that one data worker gives
-(here the main process: a worker's work without the training step), from shards and from files, with the demo
-recipe's augmentation and speeds and without augmentation; and the padding of the batches. Feed the figure to
+(here the main process: a worker's work without the training step), from shards and from files, with the default
+run's augmentation and speeds and without augmentation; and the padding of the batches. Feed the figure to
 ``python -m asr.bench.presets --worker_audio_per_second X`` for the workers a GPU needs.
 """
 
@@ -11,17 +11,9 @@ import itertools
 import time
 
 import torch
-import yaml
 
-from asr.configs import CONFIGS
 from asr.data.augment import Augmentation
 from asr.data.module import ASRDataModule
-
-
-def demo_augmentation() -> Augmentation:
-    """configs/recipes/demo.yaml's data.augmentation (the recipe sets it whole)."""
-    data = yaml.safe_load((CONFIGS / "recipes" / "demo.yaml").read_text())["data"]
-    return Augmentation(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["augmentation"].items()})
 
 
 def measure(data: ASRDataModule, batches: int) -> tuple[float, float, float]:
@@ -50,14 +42,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give --shards, --manifest or both")
     torch.set_num_threads(1)  # one worker's share of the CPU
     tokenizer = args.tokenizer_model or (args.shards and f"{args.shards.rstrip('/')}/tokenizer.model")
-    speeds = yaml.safe_load((CONFIGS / "recipes" / "demo.yaml").read_text())["data"]["speed_perturb"]
     print("| source | augmentation | audio-seconds per second, one worker | padding |\n|---|---|---|---|")
     for source, given in (("shards", {"train_shards": args.shards}), ("files", {"train_manifest": args.manifest})):
         if not next(iter(given.values())):
             continue
-        for name, augmentation in (("demo recipe's", demo_augmentation()), ("none", Augmentation())):
-            data = ASRDataModule(**given, tokenizer_model=tokenizer, num_workers=0, speed_perturb=speeds,
-                                 max_batch_seconds=args.max_batch_seconds, augmentation=augmentation)
+        for name, augmentation in (("default run's", Augmentation()), ("none", Augmentation.off())):
+            data = ASRDataModule(**given, tokenizer_model=tokenizer, num_workers=0,
+                                 max_batch_seconds=args.max_batch_seconds, augmentation=augmentation,
+                                 subsampling=4)  # 40 ms frames' feasibility rule: the shards' characters fit every line
             per_second, _, padding = measure(data, args.batches)
             print(f"| {source} | {name} | {per_second:,.0f} | {padding:.1%} |", flush=True)
 

@@ -1,5 +1,5 @@
 """Peak memory of a training step per batch-second, CTC against the transducer and the hybrid, at the shapes of the
-demo recipe and of the small preset: ``python -m asr.bench.objectives``.
+default run ("demo") and of the small preset: ``python -m asr.bench.objectives``.
 
     python -m asr.bench.objectives                                # demo and small, each recipe's max_batch_seconds
     python -m asr.bench.objectives --device cuda --joint_dims 64 128 256
@@ -8,7 +8,7 @@ demo recipe and of the small preset: ``python -m asr.bench.objectives``.
 A transducer's step holds the joiner's (B, T', U+1, V) lattice (asr.models.transducer): its activations in the
 autocast dtype and torchaudio's fp32 gradient of the logits, which rnnt_loss computes in its forward. The batch is
 ``--batch_seconds`` of ``--utterance_seconds`` utterances (no padding) of ``--tokens_per_second`` random tokens, as
-asr.fit's settings for ``--presets`` (configs/recipes/demo.yaml, with configs/model/small.yaml) and the flags after
+asr.fit's settings for ``--presets`` (the default run, or configs/model/small.yaml on it) and the flags after
 ``--`` resolve them. On a CUDA device the figure is the allocator's peak during forward and backward, less what was
 allocated before (weights); on a CPU, the bytes autograd saves for the backward pass (each storage once): a lower
 bound, without the transients of the loss. Bytes, not time: the figures do not depend on a busy machine.
@@ -34,8 +34,7 @@ from asr.models.objectives import objective_class
 from asr.models.transducer import TransducerConfig
 from asr.train import fit
 
-PRESETS = {"demo": [CONFIGS / "recipes" / "demo.yaml"],
-           "small": [CONFIGS / "recipes" / "demo.yaml", CONFIGS / "model" / "small.yaml"]}
+PRESETS = {"demo": [], "small": [CONFIGS / "model" / "small.yaml"]}  # the default run, and small on it
 OBJECTIVES = ("ctc", "transducer", "hybrid")
 
 

@@ -1,7 +1,6 @@
 """What asr.bench and asr.bench.scaling time: the product's own model, data, trainer and training step.
 
-``build(preset, *overrides)`` is ``python -m asr.fit --config configs/recipes/demo.yaml --config
-configs/model/<preset>.yaml OVERRIDES`` up to the point where it would fit (asr.train.fit.build), with the trainer's logger, callbacks, checkpoints, progress bar and validation off
+``build(preset, *overrides)`` is ``python -m asr.fit --config configs/model/<preset>.yaml OVERRIDES`` up to the point where it would fit (asr.train.fit.build), with the trainer's logger, callbacks, checkpoints, progress bar and validation off
 (BENCH_TRAINER): a benchmark times the loop, not what a run writes. ``plain_step`` takes one optimizer step
 of the built ASRModule as Lightning's automatic optimization takes it (its training_step, optimizer and lr
 schedule, under the trainer's precision plugin) in a plain PyTorch loop; ``lightning_times`` runs the same
@@ -43,11 +42,10 @@ def preset_config(preset: str) -> Path:
 
 
 def build(preset: str, *overrides: str) -> fit.ASRCLI:
-    """Model, data and trainer as ``python -m asr.fit --config configs/recipes/demo.yaml --config
-    configs/model/<preset>.yaml OVERRIDES`` builds them, plus BENCH_TRAINER; weights from ``seed_everything``
-    (the demo recipe's: 0). Nothing is set up."""
+    """Model, data and trainer as ``python -m asr.fit --config configs/model/<preset>.yaml OVERRIDES`` builds them,
+    plus BENCH_TRAINER; weights from ``seed_everything`` (the default: 0). Nothing is set up."""
     with quiet():
-        return fit.build(["--config", str(fit.DEFAULT_CONFIG), "--config", str(preset_config(preset)), *BENCH_TRAINER, *overrides])
+        return fit.build(["--config", str(preset_config(preset)), *BENCH_TRAINER, *overrides])
 
 
 def build_module(preset: str, *overrides: str) -> ASRModule:

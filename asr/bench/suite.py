@@ -14,12 +14,12 @@ rate or a ratio of two timings taken in this run, so a slower machine moves both
 4. loop: ``pl.Trainer.fit`` on ASRModule against the same step in a plain PyTorch loop (same model,
    batches, optimizer, schedule and precision plugin): step-time overhead.
 5. features (the model's front end, 1 thread, with and without decoding the FLAC files), data wait share
-   of a training step with the train loader as the demo recipe configures it, and the real-time
+   of a training step with the train loader as the default run configures it, and the real-time
    factor of asr.transcribe's Transcriber.
 
-Nothing is re-implemented: model, data and trainer are built by asr.train.fit.build from configs/recipes/demo.yaml,
-configs/model/<preset>.yaml and overrides that point data.* at the corpus (``fit_args``), as
-``python -m asr.fit --config configs/recipes/demo.yaml --config configs/model/<preset>.yaml ...`` builds them (asr.bench.steps).
+Nothing is re-implemented: model, data and trainer are built by asr.train.fit.build from configs/model/<preset>.yaml
+and overrides that point data.* at the corpus (``fit_args``), as ``python -m asr.fit --config
+configs/model/<preset>.yaml ...`` builds them (asr.bench.steps).
 The corpus is synthetic and generated from a seed into a temporary folder (asr.bench.corpus): FLAC files
 at the configured data.sample_rate whose lengths follow a LibriSpeech-like distribution (1-20 s, mean
 ~12 s) with ~3 tokens a second. ``--quick`` (CI) uses the tiny preset, a small corpus of utterances a

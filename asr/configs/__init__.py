@@ -1,8 +1,8 @@
 """The configs that ship inside the package: ``recipes/``, ``model/``, ``data/``, ``strategy/``, ``study/``.
 
-A ``--config`` that is no file as given but names one of these resolves here, so that an installed asr runs
-them from any folder: ``configs/recipes/demo.yaml`` (as the docs write it, from a checkout) or
-``recipes/demo.yaml``.
+Each names only what differs from the default run (the signature defaults and ``trainer.yaml``). A ``--config``
+that is no file as given but names one of these resolves here, so that an installed asr runs them from any folder:
+``configs/recipes/real-1h-cpu.yaml`` (as the docs write it, from a checkout) or ``recipes/real-1h-cpu.yaml``.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ def resolve(path: str) -> str:
     return str(shipped) if shipped is not None and shipped.is_file() else path
 
 
-def map_configs(args: list[str], change) -> tuple[list[str], int]:
-    """Command-line ``args`` with each ``--config``/``-c`` value (``--config=V`` too) replaced by ``change(value)``,
-    and how many there were."""
-    out, count = list(args), 0
+def map_configs(args: list[str], change) -> list[str]:
+    """Command-line ``args`` with each ``--config``/``-c`` value (``--config=V`` too) replaced by ``change(value)``."""
+    out = list(args)
     for i, arg in enumerate(out):
         if arg in ("-c", "--config") and i + 1 < len(out):
-            out[i + 1], count = change(out[i + 1]), count + 1
+            out[i + 1] = change(out[i + 1])
         elif arg.startswith("--config="):
-            out[i], count = "--config=" + change(arg.split("=", 1)[1]), count + 1
-    return out, count
+            out[i] = "--config=" + change(arg.split("=", 1)[1])
+    return out

@@ -8,7 +8,7 @@ asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr/transcribe.
     for update in t.stream(pieces): ...               # a streaming model: partial and final Updates as audio comes
 
 Files up to ``chunk_seconds`` long are batched by length (up to ``max_batch_seconds`` of padded audio);
-batching does not change a transcript, but for a model with ``model.features.quiet_db`` (the demo recipe's), whose
+batching does not change a transcript, but for a model with ``model.features.quiet_db`` (the default's), whose
 line a batch's padding moves (docs/transcription.md, "No words on non-speech"). A file whose decoded speech spans
 under ``second_pass`` of it is run again with the statistics of that span (asr.inference.focus). Longer files are
 read and run in overlapping chunks and decoded from the stitched frames in bounded memory (asr.inference.longform).

@@ -1,17 +1,18 @@
 """Train: ``python -m asr.fit`` (LightningCLI).
 
-    python -m asr.fit                                   # configs/recipes/demo.yaml: tiny model, bundled corpus
+    python -m asr.fit                                   # the default run: tiny Conformer, bundled corpus, CPU
     python -m asr.fit --config configs/recipes/real-1h-cpu.yaml --trainer.max_time 00:01:00:00
-    python -m asr.fit --config configs/recipes/demo.yaml --config configs/model/small.yaml --config configs/data/8khz.yaml
+    python -m asr.fit --config configs/model/small.yaml --config configs/data/8khz.yaml
     python -m asr.fit --trainer.max_epochs 3 --model.encoder.d_model 256 --data.max_batch_seconds 120
     python -m asr.fit --ckpt_path runs/default/version_0/checkpoints/last.ckpt   # resume
     python -m asr.fit --ckpt_path last                  # resume the newest last.ckpt of runs/default/*
     python -m asr.fit --print_config                    # the resolved config, as YAML
 
-One layer of defaults: the signature defaults of model and data, and the Trainer's in configs/trainer.yaml;
-each ``--config`` is stacked on them in order, then the dotted overrides. Without any ``--config`` the demo
-recipe (configs/recipes/demo.yaml) is the config. The resolved config is saved as ``config.yaml`` in the run
-folder (``runs/<name>/version_<n>/``) beside ``metrics.csv`` and ``checkpoints/``.
+One layer of defaults: the signature defaults of model and data (and of their groups of settings), the
+Trainer's in configs/trainer.yaml, and seed 0. They are the default run, what ``--help`` prints, and what runs
+without a ``--config``; each ``--config`` (a recipe or preset names only what differs from them) is stacked on
+them in order, then the dotted overrides. The resolved config is saved as ``config.yaml`` in the run folder
+(``runs/<name>/version_<n>/``) beside ``metrics.csv`` and ``checkpoints/``.
 The data's tokenizer and sample rate are linked to the model, and the model's
 subsampling to the data, so none of them is typed twice. After fitting, the best
 checkpoint is evaluated on ``data.test_manifest`` (``--test false`` skips that).
@@ -54,13 +55,12 @@ from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cu
 from asr.settings import ConfigError
 from asr.train import budget, fsdp, precision
 from asr.train.init_from import initialize, settings_changed
-from asr.train.legacy import group_config
+from asr.train.legacy import WRITTEN_BY_A_RUN, complete_config, group_config
 from asr.train.module import ASRModule, NonFiniteLossError
 from asr.train.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,
                             is_collective_timeout, last_checkpoints, set_collective_timeout)
 from asr.tokenizer import Tokenizer
 
-DEFAULT_CONFIG = CONFIGS / "recipes" / "demo.yaml"  # what `python -m asr.fit` runs without a --config
 TRAINER_DEFAULTS = CONFIGS / "trainer.yaml"  # the Trainer's defaults in asr, read into the parser's defaults
 
 
@@ -318,11 +318,9 @@ def nothing_left(trainer: pl.Trainer, reached: dict) -> str | None:
 
 
 def build(args: list[str] | None = None) -> ASRCLI:
-    """Parse ``args`` (default: the command line) and build model, data and trainer: the --config files on the
-    signature defaults (and TRAINER_DEFAULTS), or, with no --config, the demo recipe (DEFAULT_CONFIG)."""
-    given, configs = map_configs(sys.argv[1:] if args is None else args, read_config)
-    if not configs:
-        given = ["--config", str(DEFAULT_CONFIG), *given]  # no config named: the demo recipe
+    """Parse ``args`` (default: the command line) and build model, data and trainer: the --config files, if any,
+    on the signature defaults and TRAINER_DEFAULTS."""
+    given = map_configs(sys.argv[1:] if args is None else args, read_config)
     if args is None:  # from the command line: LightningCLI warns when given args beside sys.argv
         sys.argv[1:], given = given, None
     args = given
@@ -334,31 +332,41 @@ def build(args: list[str] | None = None) -> ASRCLI:
         args=args,
         auto_configure_optimizers=False,  # ASRModule.configure_optimizers owns optimizer and schedule
         trainer_defaults={"use_distributed_sampler": False},  # the bucket sampler splits batches across ranks itself
+        seed_everything_default=0,  # the measured default run's; LightningCLI would draw a random seed
         save_config_kwargs={"overwrite": True},
     )
 
 
 def read_config(path: str) -> str:
     """A --config value as jsonargparse is to read it: the shipped file it names (asr.configs.resolve); an older
-    run's config.yaml of flat settings as its grouped YAML (asr.train.legacy.group_config, said once); a file
+    run's config.yaml as it ran: flat settings as grouped ones (asr.train.legacy.group_config), and settings added
+    or whose default changed since at what it had (asr.train.legacy.complete_config), each said once; a file
     that is missing or not YAML a ConfigError naming it and the line (jsonargparse's own message names neither)."""
     path = resolve(path)
     if not Path(path).is_file():
         if ":" in path:  # jsonargparse also takes the YAML itself
             return path
         raise ConfigError(f"--config {path}: no such file")
+    text = Path(path).read_text()
     try:
-        content = yaml.safe_load(Path(path).read_text())
+        content = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from err
-    grouped = group_config(content) if isinstance(content, dict) else None
-    if grouped is None:
+    if not isinstance(content, dict):
         return path
-    rank_zero_info(f"--config {path}: flat settings of an older asr, read as grouped ones "
-                   "(model.encoder.*, model.features.*, model.spec_augment.*, data.augmentation.*)")
-    return yaml.safe_dump(grouped, sort_keys=False)
+    grouped = group_config(content)
+    if grouped is not None:
+        rank_zero_info(f"--config {path}: flat settings of an older asr, read as grouped ones "
+                       "(model.encoder.*, model.features.*, model.spec_augment.*, data.augmentation.*)")
+    lacked = []
+    if WRITTEN_BY_A_RUN.match(text):  # every setting of its time: one it lacks had the value of before
+        grouped, lacked = complete_config(grouped or content)
+    if lacked:
+        rank_zero_info(f"--config {path}: a run's config.yaml from before {', '.join(lacked)} were settings or had "
+                       "today's defaults: read with the values that run had (asr.train.legacy.BEFORE_THEIR_TIME)")
+    return path if grouped is None or grouped is content else yaml.safe_dump(grouped, sort_keys=False)
 
 
 def resolve_ckpt_path(cli: ASRCLI) -> str | None:

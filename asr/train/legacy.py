@@ -1,6 +1,6 @@
 """Checkpoints and settings of runs made before the settings were grouped (``model.d_model`` ->
-``model.encoder.d_model``) and the encoder became a module of its own (``model.blocks.0`` ->
-``model.encoder.blocks.0``): they load, resume and transcribe as they did.
+``model.encoder.d_model``), the encoder became a module of its own (``model.blocks.0`` ->
+``model.encoder.blocks.0``), a setting was added or a default changed: they load, resume and transcribe as they did.
 
 A checkpoint's ``hyper_parameters`` hold plain values (dicts for the groups), never dataclasses, so that
 ``torch.load(weights_only=True)`` reads them; ``group_settings`` turns either form into the grouped one.
@@ -9,6 +9,7 @@ A checkpoint's ``hyper_parameters`` hold plain values (dicts for the groups), ne
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 
 from asr.audio import FeatureConfig
@@ -19,8 +20,24 @@ GROUPS = {"features": FeatureConfig, "encoder": EncoderConfig, "spec_augment": S
 # old flat name -> (group, field), where the field's name is not the old one
 RENAMED = {"features": ("features", "kind"), "feature_norm": ("features", "norm"),
            "feature_var_floor": ("features", "var_floor"), "feature_stats_db": ("features", "stats_db")}
-# Settings added with a default other than the behaviour before them: what a checkpoint without them ran with.
-BEFORE_THEIR_TIME = {("features", "var_floor"): 0.0}
+# What a checkpoint's hyper-parameters (the model section) or a run's config.yaml that lacks a setting ran with, where
+# that is not today's default. Each holds every setting there was when it was written, so a setting it lacks came
+# later: one added with a default other than the behaviour before it (features.var_floor), or one whose default
+# became the default run's (the demo recipe's values, moved into the signatures, issue 62).
+BEFORE_THEIR_TIME = {
+    "model": {"features": {"var_floor": 0.0, "norm": "bin", "quiet_db": 0.0},
+              "encoder": {"d_model": 144, "n_layers": 4, "attention_dropout": 0.0, "subsampling": 4,
+                          "attention_window": 0, "conv_channels": 0, "block": "transformer", "conv_kernel": 31},
+              "spec_augment": {"freq_warp": 0.0, "freq_warp_jitter": 0.0},
+              "inter_ctc": 0.0, "warmup_steps": 200},
+    "data": {"tokenizer_type": "char", "max_batch_seconds": 60.0, "speed_perturb": [1.0], "cache_audio_mb": 0.0,
+             "augmentation": {"noise_prob": 0.0, "noise_snr_db": [5.0, 30.0], "reverb_prob": 0.0,
+                              "reverb_rt60": [0.2, 0.8], "gain_prob": 0.0, "telephone_prob": 0.0,
+                              "nonspeech_prob": 0.0, "pause_prob": 0.0}},
+}
+# The first line of a config.yaml that asr.fit wrote into a run folder (LightningCLI's; --print_config's too):
+# every setting there was is in it.
+WRITTEN_BY_A_RUN = re.compile(r"# (pytorch_lightning|lightning\.pytorch|lightning)==")
 # old state_dict prefix -> new
 MOVED_WEIGHTS = {"model.subsampling.": "model.encoder.subsampling.", "model.blocks.": "model.encoder.blocks."}
 
@@ -47,15 +64,34 @@ def regroup(flat: dict) -> dict:
 
 
 def group_settings(hyper_parameters: dict) -> dict:
-    """A checkpoint's hyper-parameters in either form -> the grouped form. One written before the grouping also
-    gets BEFORE_THEIR_TIME: what that run had for settings added since."""
-    if any(isinstance(hyper_parameters.get(group), dict) for group in ("features", "encoder")):
-        return dict(hyper_parameters)  # written grouped
-    grouped = regroup(hyper_parameters)
-    for (group, field), value in BEFORE_THEIR_TIME.items():
-        if grouped.get(group, {}) is not None:
-            grouped.setdefault(group, {}).setdefault(field, value)
-    return grouped
+    """A checkpoint's hyper-parameters in either form -> the grouped form, with BEFORE_THEIR_TIME for the settings
+    it lacks: what that run had."""
+    written_grouped = any(isinstance(hyper_parameters.get(group), dict) for group in ("features", "encoder"))
+    grouped = dict(hyper_parameters) if written_grouped else regroup(hyper_parameters)
+    return with_former(grouped, BEFORE_THEIR_TIME["model"])
+
+
+def with_former(settings: dict, former: dict) -> dict:
+    """``settings`` (grouped) with each setting of ``former`` that it lacks at its value there; a group that is
+    None (spec_augment off) stays None."""
+    filled = dict(settings)
+    for name, value in former.items():
+        if not isinstance(value, dict):
+            filled.setdefault(name, value)
+        elif filled.get(name, {}) is not None:
+            filled[name] = with_former(filled.get(name) or {}, value)
+    return filled
+
+
+def lacking(settings: dict, former: dict, prefix: str = "") -> list[str]:
+    """The dotted names of ``former``'s settings that ``settings`` lacks (inside groups that are not None)."""
+    names = []
+    for name, value in former.items():
+        if name not in settings:
+            names += [f"{prefix}{name}.{k}" for k in value] if isinstance(value, dict) else [f"{prefix}{name}"]
+        elif isinstance(value, dict) and isinstance(settings[name], dict):
+            names += lacking(settings[name], value, f"{prefix}{name}.")
+    return names
 
 
 def as_setting(annotation, value):
@@ -78,6 +114,16 @@ def current_names(state_dict: dict) -> dict:
         new = next((new + key[len(old):] for old, new in MOVED_WEIGHTS.items() if key.startswith(old)), key)
         renamed[new] = value
     return renamed
+
+
+def complete_config(config: dict) -> tuple[dict, list[str]]:
+    """A run's config.yaml (grouped; one WRITTEN_BY_A_RUN) with BEFORE_THEIR_TIME for the model and data settings
+    it lacks, and their dotted names."""
+    sections = {name: config.get(name) or {} for name in BEFORE_THEIR_TIME}
+    names = [n for name, former in BEFORE_THEIR_TIME.items() for n in lacking(sections[name], former, f"{name}.")]
+    if not names:
+        return config, []
+    return config | {name: with_former(sections[name], former) for name, former in BEFORE_THEIR_TIME.items()}, names
 
 
 def group_config(config: dict) -> dict | None:

@@ -16,11 +16,11 @@ class WarmupCosine:
     so a machine that makes few steps in the time leaves warm-up all the same. ``total`` may be set after
     construction (None until then counts as no progress past warm-up); ``elapsed`` is set by the owner of
     the clock before each scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every
-    rank has one lr).
+    rank has one lr). Its settings, and their defaults, are ASRModule's (``--model.warmup_steps``, ...).
     """
 
-    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None,
-                 warmup_share: float = 1.0):
+    def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None, *,
+                 warmup_share: float):
         self.warmup, self.total, self.floor = warmup, total, floor
         self.duration, self.elapsed, self.warmup_share = duration, 0.0, warmup_share
 

@@ -11,7 +11,7 @@ def test_both_sources_are_measured_with_and_without_augmentation(tmp_path, capsy
     main(["--shards", str(tmp_path / "shards"), "--manifest", str(manifest), "--batches", "3",
           "--max_batch_seconds", "8"])
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [(r[0].strip("| "), r[1]) for r in rows] == [("shards", "demo recipe's"), ("shards", "none"),
-                                                       ("files", "demo recipe's"), ("files", "none")]
+    assert [(r[0].strip("| "), r[1]) for r in rows] == [("shards", "default run's"), ("shards", "none"),
+                                                       ("files", "default run's"), ("files", "none")]
     for r in rows:
         assert float(r[2].replace(",", "")) > 0 and 0 <= float(r[3].strip(" |%")) < 50

@@ -29,8 +29,8 @@ def test_bench_builds_the_model_and_data_asr_fit_builds(tmp_path):
             f"--data.test_manifest={MINI / 'test.jsonl'}", "--data.max_batch_seconds=30", "--model.encoder.n_layers=3",
             f"--trainer.default_root_dir={tmp_path}"]
     ours = bench_steps.build("small", *args)
-    # the command asr.bench.steps.build stands for: the demo recipe, then the preset, then the overrides
-    theirs = fit.build(["--config", str(fit.DEFAULT_CONFIG), "--config", str(CONFIGS / "model" / "small.yaml"), *args])
+    # the command asr.bench.steps.build stands for: the preset, then the overrides
+    theirs = fit.build(["--config", str(CONFIGS / "model" / "small.yaml"), *args])
     assert dict(ours.model.hparams) == dict(theirs.model.hparams) and ours.model.hparams.encoder["d_model"] == 256
     state, reference = ours.model.state_dict(), theirs.model.state_dict()
     assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)  # same seed

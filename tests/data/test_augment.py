@@ -12,6 +12,7 @@ import torch
 from asr.data import augment as A
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.module import ASRDataModule
+from tests.conftest import PLAIN_DATA
 
 RATE = 16000
 
@@ -35,8 +36,8 @@ def seeded(seed: int = 0) -> torch.Generator:
 
 def datamodule(corpus, **augmentation) -> ASRDataModule:
     """A DataModule of ``corpus`` (char tokenizer), set up to fit and test; ``augmentation``: Augmentation's fields."""
-    dm = ASRDataModule(str(corpus.train), str(corpus.dev), str(corpus.dev), tokenizer_type="char",
-                       augmentation=Augmentation(**augmentation))
+    dm = ASRDataModule(str(corpus.train), str(corpus.dev), str(corpus.dev),
+                       **PLAIN_DATA | {"augmentation": Augmentation.off(**augmentation)})
     dm.setup("fit")
     dm.setup("test")
     return dm
@@ -46,7 +47,7 @@ def datamodule(corpus, **augmentation) -> ASRDataModule:
 @pytest.mark.parametrize("target", [0.0, 10.0, 25.0])
 def test_noise_is_added_at_the_drawn_snr(kind, target):
     clean = tone(seconds=2.0)
-    augmenter = Augmenter(Augmentation(noise_prob=1.0, noise_snr_db=(target, target), noise_kinds=(kind,)), RATE)
+    augmenter = Augmenter(Augmentation.off(noise_prob=1.0, noise_snr_db=(target, target), noise_kinds=(kind,)), RATE)
     assert snr_db(clean, augmenter(clean, seeded())) == pytest.approx(target, abs=0.01)
 
 
@@ -77,7 +78,7 @@ def test_room_impulse_response_decays_60_db_in_rt60():
 def test_reverberation_smears_an_impulse_over_the_rt60_and_keeps_the_level():
     click = torch.zeros(RATE)
     click[100] = 1.0
-    wet = Augmenter(Augmentation(reverb_prob=1.0, reverb_rt60=(0.5, 0.5)), RATE)(click, seeded())
+    wet = Augmenter(Augmentation.off(reverb_prob=1.0, reverb_rt60=(0.5, 0.5)), RATE)(click, seeded())
     assert wet.shape == click.shape and float(A.rms(wet)) == pytest.approx(float(A.rms(click)), rel=1e-4)
     energy = wet.pow(2)
     assert energy[100 + RATE // 10 :].sum() > 0.01 * energy.sum()  # still ringing 100 ms later
@@ -96,7 +97,7 @@ def test_reverberation_is_the_linear_convolution_with_the_rir_cut_to_length(leng
 @pytest.mark.parametrize("via_8khz", [True, False])
 def test_telephone_removes_energy_outside_300_to_3400_hz(via_8khz):
     noise = torch.randn(2 * RATE, generator=seeded()) * 0.3
-    phone = Augmenter(Augmentation(telephone_prob=1.0, telephone_8khz=via_8khz), RATE)(noise, seeded())
+    phone = Augmenter(Augmentation.off(telephone_prob=1.0, telephone_8khz=via_8khz), RATE)(noise, seeded())
     assert phone.shape == noise.shape
     power = torch.fft.rfft(phone).abs().pow(2)
     freqs = torch.fft.rfftfreq(phone.shape[0], 1 / RATE)
@@ -108,7 +109,7 @@ def test_telephone_removes_energy_outside_300_to_3400_hz(via_8khz):
 
 def test_gain_stays_in_its_range_and_covers_it():
     wave = tone()
-    augmenter = Augmenter(Augmentation(gain_prob=1.0, gain_db=(-6.0, 6.0)), RATE)
+    augmenter = Augmenter(Augmentation.off(gain_prob=1.0, gain_db=(-6.0, 6.0)), RATE)
     gains = [float(20 * torch.log10(A.rms(augmenter(wave, seeded(s))) / A.rms(wave))) for s in range(40)]
     assert -6.0 <= min(gains) < -4.0 and 4.0 < max(gains) <= 6.0
 
@@ -116,7 +117,7 @@ def test_gain_stays_in_its_range_and_covers_it():
 @pytest.mark.parametrize("semitones", [-2.0, 3.0])
 def test_pitch_moves_a_tone_and_keeps_its_length(semitones):
     wave = tone(440.0)
-    shifted = Augmenter(Augmentation(pitch_prob=1.0, pitch_semitones=(semitones, semitones)), RATE)(wave, seeded())
+    shifted = Augmenter(Augmentation.off(pitch_prob=1.0, pitch_semitones=(semitones, semitones)), RATE)(wave, seeded())
     assert shifted.shape == wave.shape
     assert peak_hz(shifted) == pytest.approx(440.0 * 2 ** (semitones / 12), rel=0.01)
 
@@ -124,23 +125,23 @@ def test_pitch_moves_a_tone_and_keeps_its_length(semitones):
 @pytest.mark.parametrize("factor", [0.8, 1.25])
 def test_tempo_changes_length_not_pitch(factor):
     wave = tone(440.0)
-    faster = Augmenter(Augmentation(tempo_prob=1.0, tempo_factors=(factor, factor)), RATE)(wave, seeded())
+    faster = Augmenter(Augmentation.off(tempo_prob=1.0, tempo_factors=(factor, factor)), RATE)(wave, seeded())
     assert faster.shape[0] == round(wave.shape[0] / factor)
     assert peak_hz(faster) == pytest.approx(440.0, abs=2.0)
 
 
 def test_a_seed_fixes_every_draw_and_another_seed_changes_them():
-    everything = Augmentation(pitch_prob=1, tempo_prob=1, noise_prob=1, reverb_prob=1, gain_prob=1, telephone_prob=1)
+    everything = Augmentation.off(pitch_prob=1, tempo_prob=1, noise_prob=1, reverb_prob=1, gain_prob=1, telephone_prob=1)
     augmenter, wave = Augmenter(everything, RATE), tone()
     assert torch.equal(augmenter(wave, seeded(3)), augmenter(wave, seeded(3)))
     assert not torch.equal(augmenter(wave, seeded(3)), augmenter(wave, seeded(4)))
 
 
-def test_off_by_default_leaves_loading_exactly_as_before(corpus):
+def test_off_leaves_loading_exactly_as_before(corpus):
     dm = datamodule(corpus, noise_snr_db=(0.0, 1.0), reverb_rt60=(1.0, 2.0))  # ranges alone switch nothing on
     assert not dm.augmentation.on and all(ds.augment is None for ds in dm.datasets.values())
     wave = tone()
-    assert torch.equal(Augmenter(Augmentation(), RATE)(wave, seeded()), wave)
+    assert torch.equal(Augmenter(Augmentation.off(), RATE)(wave, seeded()), wave)
     torch.manual_seed(0)
     plain = [dm.datasets["train"].load(i) for i in range(3)]
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augme
 from asr.data.module import ASRDataModule
 from asr.train.legacy import BEFORE_THEIR_TIME
 from asr.train.module import ASRModule
-from tests.conftest import flat_hyper_parameters
+from tests.conftest import PLAIN_DATA, flat_hyper_parameters
 
 RATE = 16000
 FEATURE_VAR_FLOOR = FeatureConfig().var_floor  # model.features.var_floor's default
@@ -68,7 +68,7 @@ def test_an_unknown_kind_is_refused_by_name():
 
 
 def features(wave: torch.Tensor, floor: float) -> torch.Tensor:
-    config = FeatureConfig(RATE, norm="shared", var_floor=floor)
+    config = FeatureConfig(RATE, norm="shared", var_floor=floor, quiet_db=0.0)
     return FeatureExtractor(config)(wave[None], torch.tensor([wave.shape[0]]))[0][0]
 
 
@@ -92,7 +92,7 @@ def test_a_checkpoint_from_before_the_floor_loads_without_it(checkpoint):
     saved = torch.load(checkpoint, weights_only=True)
     old = flat_hyper_parameters(saved["hyper_parameters"])
     old.pop("feature_var_floor")
-    floor = BEFORE_THEIR_TIME[("features", "var_floor")]
+    floor = BEFORE_THEIR_TIME["model"]["features"]["var_floor"]
     assert ASRModule.settings(old)["features"].var_floor == floor == 0.0
     assert ASRModule.settings({})["features"].var_floor == 0.0
     assert ASRModule.settings({"feature_var_floor": 4.0})["features"].var_floor == 4.0
@@ -126,7 +126,7 @@ def test_silence_around_speech_does_not_change_how_the_speech_is_scaled(kind, pa
     first = len(pad) // hop + 2  # the first frame wholly inside the speech
 
     def speech_frames(wave, range_db, offset):
-        config = FeatureConfig(RATE, norm="shared", var_floor=FEATURE_VAR_FLOOR, stats_db=range_db)
+        config = FeatureConfig(RATE, norm="shared", var_floor=FEATURE_VAR_FLOOR, stats_db=range_db, quiet_db=0.0)
         feats = FeatureExtractor(config)(wave[None], torch.tensor([len(wave)]))[0][0]
         return feats[offset: offset + 150]
 
@@ -144,18 +144,18 @@ def test_an_utterance_of_one_level_counts_every_frame():
 
 def test_nonspeech_augmentation_replaces_the_utterance_and_keeps_its_length():
     speech = torch.sin(torch.arange(RATE * 2) / 5.0) * 0.3
-    augmenter = Augmenter(Augmentation(nonspeech_prob=1.0, pause_prob=1.0), RATE)  # replacing comes first
+    augmenter = Augmenter(Augmentation.off(nonspeech_prob=1.0, pause_prob=1.0), RATE)  # replacing comes first
     for seed in range(8):
         wave, is_speech = augmenter.augment(speech, seeded(seed))
         assert not is_speech and wave.shape == speech.shape
         assert not wave.any() or dbfs(wave) < ns.SIGNAL_DBFS[1] + 0.01
-    kept, still_speech = Augmenter(Augmentation(nonspeech_prob=0.0), RATE).augment(speech, seeded())
+    kept, still_speech = Augmenter(Augmentation.off(nonspeech_prob=0.0), RATE).augment(speech, seeded())
     assert still_speech and torch.equal(kept, speech)
 
 
 def test_pause_augmentation_keeps_the_speech_between_non_speech():
     speech = torch.sin(torch.arange(RATE * 2) / 5.0) * 0.3
-    augmenter = Augmenter(Augmentation(pause_prob=1.0), RATE)
+    augmenter = Augmenter(Augmentation.off(pause_prob=1.0), RATE)
     for seed in range(8):
         wave, is_speech = augmenter.augment(speech, seeded(seed))
         assert is_speech and len(speech) < len(wave) <= (1 + 2 * PAUSE_SHARE) * len(speech)
@@ -175,8 +175,8 @@ def test_a_pause_frames_the_whole_utterance_within_its_bounds(seconds):
 
 @pytest.mark.parametrize("prob", [0.0, 1.0])
 def test_a_replaced_utterance_trains_on_an_empty_transcript(corpus, prob):
-    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None, tokenizer_type="char",
-                       augmentation=Augmentation(nonspeech_prob=prob))
+    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None,
+                       **PLAIN_DATA | {"augmentation": Augmentation.off(nonspeech_prob=prob)})
     dm.setup("fit")
     train = dm.datasets["train"]
     batch = train[list(range(len(train)))]
@@ -189,8 +189,8 @@ def test_a_replaced_utterance_trains_on_an_empty_transcript(corpus, prob):
 
 
 def test_a_paused_utterance_trains_on_its_own_transcript(corpus):
-    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None, tokenizer_type="char",
-                       augmentation=Augmentation(pause_prob=1.0))
+    dm = ASRDataModule(str(corpus.train), str(corpus.dev), None,
+                       **PLAIN_DATA | {"augmentation": Augmentation.off(pause_prob=1.0)})
     dm.setup("fit")
     train = dm.datasets["train"]
     batch = train[list(range(len(train)))]

@@ -10,7 +10,7 @@ from asr.audio import DB_PER_NEPER, FeatureConfig, FeatureExtractor, normalise, 
 from asr.data import nonspeech as ns
 
 RATE = 16000
-QUIET_DB = 6.0  # the demo recipe's
+QUIET_DB = 6.0  # the default run's
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -44,7 +44,7 @@ def test_how_much_silence_surrounds_speech_no_longer_changes_how_the_speech_is_s
 
 
 @pytest.mark.xfail(strict=True, reason="known: asr.audio.frame_energy averages a batch's padding into a shorter "
-                   "utterance's last windows, which moves its quiet_db line; the fix changes how the demo recipe trains "
+                   "utterance's last windows, which moves its quiet_db line; the fix changes how the default run trains "
                    "(4 seeds to measure) and undoes the Czech arms' gains (docs/benchmarks.md, 2026-11-27 noon)")
 @pytest.mark.parametrize("kind", ["brown", "pink"])
 def test_an_utterance_is_scaled_the_same_alone_and_batched_with_a_longer_one(kind):

@@ -47,7 +47,7 @@ def texts_of(folder: Path) -> Counter:
                    for line in gzip.open(path, "rt"))
 
 
-def batcher(index: ShardIndex, speeds=(1.0,), augmentation=Augmentation(), unusable=lambda utt, ids, speed: None):
+def batcher(index: ShardIndex, speeds=(1.0,), augmentation=Augmentation.off(), unusable=lambda utt, ids, speed: None):
     return CutBatcher(index.tokenizer(), 16000, speeds, augmentation, unusable)
 
 
@@ -210,7 +210,7 @@ def test_a_text_too_long_for_its_audio_is_dropped_by_name_not_silently(shards):
 def test_speeds_are_drawn_before_bucketing_and_checked_with_tempo_as_in_the_manifest_path(shards):
     index = ShardIndex.read(str(shards), "x")
     checked = []
-    tempo = Augmentation(tempo_prob=1.0, tempo_factors=(1.2, 1.2))
+    tempo = Augmentation.off(tempo_prob=1.0, tempo_factors=(1.2, 1.2))
     stream = ShardStream([index], [1.0], batcher(index, speeds=(0.9, 1.1), augmentation=tempo,
                                                  unusable=lambda utt, ids, speed: checked.append(speed)), 8.0, 0, 0, 1, 100)
     torch.manual_seed(0)
@@ -225,7 +225,7 @@ def test_speeds_are_drawn_before_bucketing_and_checked_with_tempo_as_in_the_mani
 def test_non_speech_augmentation_applies_as_in_the_manifest_path(shards):
     index = ShardIndex.read(str(shards), "x")
     torch.manual_seed(0)
-    stream = ShardStream([index], [1.0], batcher(index, augmentation=Augmentation(nonspeech_prob=0.5)), 8.0, 0, 0,
+    stream = ShardStream([index], [1.0], batcher(index, augmentation=Augmentation.off(nonspeech_prob=0.5)), 8.0, 0, 0,
                          1, 100)
     batches = list(itertools.islice(stream, 20))
     assert any(t == "" for b in batches for t in b.texts)  # non-speech: no words

@@ -77,7 +77,7 @@ def test_fit_leaves_a_complete_run_folder(run):
 def test_fit_lowers_the_training_loss(run):
     losses = epoch_losses(run)
     assert len(losses) == 10
-    assert losses[-1] < 0.85 * losses[0]  # with the demo recipe's augmentation on: 0.71, and 0.82 with its non-speech too
+    assert losses[-1] < 0.85 * losses[0]  # with the default run's augmentation on: 0.71, and 0.82 with its non-speech too
 
 
 def test_checkpoint_carries_tokenizer_and_loads_without_pickled_code(run):
@@ -110,7 +110,7 @@ def test_checkpoint_alone_transcribes_from_another_folder(run, tmp_path):
 
 
 def test_the_trained_model_writes_no_words_on_non_speech(run, tmp_path):
-    """Every kind of asr.data.nonspeech at 8 and 16 kHz (the demo recipe trains on some of them), through the CLI
+    """Every kind of asr.data.nonspeech at 8 and 16 kHz (the default run trains on some of them), through the CLI
     and the Python API; and the model still writes words on speech."""
     clips = write_clips(tmp_path / "clips", per_kind=1, rates=(8000, 16000), seed=7, seconds=(1.0, 6.0))
     out = tmp_path / "out.jsonl"

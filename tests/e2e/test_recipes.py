@@ -24,7 +24,7 @@ import yaml
 
 from asr.configs import CONFIGS
 from asr.train import cost
-from asr.train.fit import DEFAULT_CONFIG, ConfigError, build, check_hardware, main
+from asr.train.fit import ConfigError, build, check_hardware, main
 from asr.train.module import ASRModule
 from tests import REPO
 from tests.cli import CHAR_FRAMES, refused
@@ -54,7 +54,7 @@ def metrics(run: Path) -> list[dict]:
 
 
 def test_the_recipes_are_there():
-    assert {p.stem for p in RECIPES.glob("*.yaml")} >= {"demo", "real-1h-cpu", "gpu-100h"}
+    assert {p.stem for p in RECIPES.glob("*.yaml")} >= {"demo-streaming", "real-1h-cpu", "gpu-100h"}
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
@@ -67,12 +67,7 @@ def test_recipe_parses_and_its_header_says_what_it_is_and_the_commands(recipe):
     # the recipe picks its averaging: checkpoints to average, or the last weights (test_checkpoint: last)
     assert "python -m asr.average" in header or yaml.safe_load(text).get("test_checkpoint") == "last"
     config = printed_config("--config", f"configs/recipes/{recipe}")
-    stem = Path(recipe).stem  # runs/<recipe>/version_<n>; the demo is the default run: runs/default
-    assert config["trainer"]["logger"]["init_args"]["name"] == ("default" if stem == "demo" else stem)
-
-
-def test_the_demo_recipe_is_what_the_default_run_does():
-    assert printed_config("--config", "configs/recipes/demo.yaml") == printed_config()
+    assert config["trainer"]["logger"]["init_args"]["name"] == Path(recipe).stem  # runs/<recipe>/version_<n>
 
 
 def test_real_1h_cpu_recipe_builds_a_small_char_conformer_bounded_by_time(monkeypatch):
@@ -90,24 +85,23 @@ def test_real_1h_cpu_recipe_builds_a_small_char_conformer_bounded_by_time(monkey
     assert timer.time_remaining() == 15 * 60
 
 
-def test_a_config_stacks_on_the_signature_defaults_alone_and_no_config_runs_the_demo():
-    """One layer of defaults: with any --config the demo recipe is not read (a recipe that left a demo setting
-    unsaid would change whenever the demo is retuned: the Czech recipe once took on intermediate CTC that way);
-    with none, the demo recipe is the config, under the run name default."""
-    alone = printed_config("--config", "configs/model/small.yaml")
-    assert alone["model"]["inter_ctc"] == 0.0 and alone["data"]["augmentation"]["noise_prob"] == 0.0
-    assert alone["trainer"]["max_epochs"] is None and alone["trainer"]["logger"]["init_args"]["name"] == "default"
-    demo = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    default = printed_config()
-    assert default["model"]["inter_ctc"] == demo["model"]["inter_ctc"] > 0
-    assert default["trainer"]["max_epochs"] == demo["trainer"]["max_epochs"]
+def test_a_preset_alone_is_the_default_run_with_what_it_names():
+    """One layer of defaults: `--config configs/model/small.yaml` keeps everything of the default run (its
+    intermediate CTC, augmentation, epochs, seed and run name) that small.yaml does not name, as with no --config."""
+    alone, default = printed_config("--config", "configs/model/small.yaml"), printed_config()
+    assert alone["model"]["encoder"]["block"] == "transformer" != default["model"]["encoder"]["block"]
+    assert alone["model"]["inter_ctc"] == default["model"]["inter_ctc"] > 0
+    assert alone["data"]["augmentation"] == default["data"]["augmentation"] and default["data"]["augmentation"]["noise_prob"] > 0
+    assert alone["trainer"]["max_epochs"] == default["trainer"]["max_epochs"] == 50
+    assert alone["seed_everything"] == default["seed_everything"] == 0
+    assert alone["trainer"]["logger"]["init_args"]["name"] == default["trainer"]["logger"]["init_args"]["name"] == "default"
 
 
 def test_gpu_recipe_builds_a_bpe_conformer_base_and_needs_a_gpu():
     cli = build(["--config", "configs/recipes/gpu-100h.yaml", *ON_CPU, *MINI])
     assert cli.model.hparams.encoder["block"] == "conformer" and cli.model.hparams.encoder["n_layers"] == 19
     assert cli.datamodule.hparams.tokenizer_type == "bpe" and cli.datamodule.hparams.tokenizer_vocab_size == 1024
-    trainer = yaml.safe_load((RECIPES / "gpu-100h.yaml").read_text())["trainer"]
+    trainer = printed_config("--config", "configs/recipes/gpu-100h.yaml")["trainer"]
     assert (trainer["accelerator"], trainer["strategy"], trainer["precision"]) == ("gpu", "ddp", "auto")
     parsed = SimpleNamespace(**trainer)
     check_hardware(parsed, cuda=True)

@@ -123,8 +123,8 @@ def assert_same_run(resumed: Path, reference: Path, stopped_at: int) -> None:
         torch.testing.assert_close(a["state_dict"][name], value, atol=0, rtol=0, msg=name)
 
 
-STRATEGIES = {"single": [], "ddp": ["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/ddp.yaml", "--trainer.devices", "2"],
-              "fsdp": ["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", "--trainer.devices", "2"]}
+STRATEGIES = {"single": [], "ddp": ["--config", "configs/strategy/ddp.yaml", "--trainer.devices", "2"],
+              "fsdp": ["--config", "configs/strategy/fsdp.yaml", "--trainer.devices", "2"]}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -241,7 +241,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_pat
 HOLDS_WORKERS = """
 import sys
 from asr.data.module import ASRDataModule
-data = ASRDataModule(sys.argv[1], sys.argv[2], None, tokenizer_type="char", num_workers=2)
+data = ASRDataModule(sys.argv[1], sys.argv[2], None, tokenizer_type="char", num_workers=2, subsampling=4)
 data.setup("fit")
 LOADER = data.train_dataloader()  # a global, as a script or notebook holds it: its persistent workers live on
 next(iter(LOADER))

@@ -36,7 +36,7 @@ DETERMINISTIC = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2"
                  # SGD: the update is the gradient itself. Adam would turn the ~1e-10 rounding noise of
                  # gradients that are zero in exact arithmetic (attention key biases) into full-size steps.
                  "--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.05",
-                 "--model.optimizer.fused", "false"]  # the demo recipe's fused: true carries over; FSDP2 lacks fused SGD
+                 "--model.optimizer.fused", "false"]  # the default run's fused: true carries over; FSDP2 lacks fused SGD
 
 
 def padded_corpus(root: Path, count: int, keep=lambda row: True) -> Path:
@@ -104,7 +104,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(strategy, co
     step; over 8 Adam steps it stays far below 1e-4 while any real mismatch (another batch,
     a wrong loss scale) moves the losses by 1e-2 or more.
     """
-    run = fit(tmp_path, corpus, "--config", "configs/recipes/demo.yaml", "--config", f"configs/strategy/{strategy}.yaml", *DETERMINISTIC,
+    run = fit(tmp_path, corpus, "--config", f"configs/strategy/{strategy}.yaml", *DETERMINISTIC,
               "--trainer.max_epochs", "2", "--data.max_batch_seconds", str(2 * SECONDS),
               "--data.max_duration", str(SECONDS))
     assert step_losses(run) == pytest.approx(step_losses(single), rel=1e-4)
@@ -123,7 +123,7 @@ def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(ranks, 
     differ from the per-token loss of the whole batch. Tolerance: as above, only the summation order differs.
     """
     texts = [json.loads(line)["text"] for line in (MINI / "train.jsonl").read_text().splitlines()]
-    tokenizer = Tokenizer.train(texts, "unigram", 64)  # as configs/recipes/demo.yaml: about a piece per word
+    tokenizer = Tokenizer.train(texts, "unigram", 64)  # as the default run: about a piece per word
     tokenizer.save(tmp_path / "tokens.model")
     counts = iter([4, 2, 3, 2, 4, 2, 3, 2])  # the tokens of each utterance taken, in the manifest's order
     wanted = [next(counts)]
@@ -151,15 +151,15 @@ def test_fsdp_bf16_checkpointing_clipping_trains_transcribes_and_resumes_under_d
               "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
               "--data.num_workers", "0",
               "--model.warmup_steps", "1", "--data.max_batch_seconds", str(4 * SECONDS)]
-    run = fit(tmp_path / "fsdp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *levers, "--trainer.max_epochs", "4",
+    run = fit(tmp_path / "fsdp", corpus, "--config", "configs/strategy/fsdp.yaml", *levers, "--trainer.max_epochs", "4",
               "--trainer.strategy.init_args.save_distributed_checkpoint", "false")
     losses, last = step_losses(run), run / "checkpoints" / "last.ckpt"
-    # every step logged: at least 2 a rank and epoch (8 utterances; the demo recipe's speeds fit at most 4 in a batch)
+    # every step logged: at least 2 a rank and epoch (8 utterances; the default run's speeds fit at most 4 in a batch)
     assert len(losses) == steps(last) >= 8 and sum(losses[-2:]) < 0.8 * sum(losses[:2])
     assert last.is_file()  # save_distributed_checkpoint false: one full file, gathered by rank 0
     files = [MINI / "audio" / "test" / "000000.flac"]
     assert Transcriber.from_checkpoint(last).transcribe(files) == own_transcripts(last, files)
-    resumed = fit(tmp_path / "ddp", corpus, "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/ddp.yaml", *levers,
+    resumed = fit(tmp_path / "ddp", corpus, "--config", "configs/strategy/ddp.yaml", *levers,
                   "--trainer.max_epochs", "5", "--ckpt_path", str(last))
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 4
 
@@ -170,7 +170,7 @@ def test_the_fsdp_preset_writes_folders_that_transcribe_average_resume_and_conve
     resumes in one process."""
     small = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
              "--data.num_workers", "0"]
-    fsdp = ["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *small]
+    fsdp = ["--config", "configs/strategy/fsdp.yaml", *small]
     run = fit(tmp_path / "fsdp", corpus, *fsdp, "--trainer.max_epochs", "1")
     checkpoints = sorted((run / "checkpoints").iterdir())
     assert [p.name for p in checkpoints][1:] == ["last.ckpt"] and checkpoints[0].name.startswith("epoch000-")
@@ -198,13 +198,13 @@ def test_the_fsdp_preset_writes_folders_that_transcribe_average_resume_and_conve
 
 @pytest.mark.parametrize("config, strategy_type", [("ddp", DDPStrategy), ("fsdp", ShardedStrategy)])
 def test_strategy_presets_build_the_intended_lightning_objects(config, strategy_type):
-    cli = build(["--config", "configs/recipes/demo.yaml", "--config", f"configs/strategy/{config}.yaml"])
+    cli = build(["--config", f"configs/strategy/{config}.yaml"])
     assert type(cli.trainer.strategy) is strategy_type
     assert cli.trainer.num_devices == 2
 
 
 def test_fsdp_preset_writes_sharded_checkpoints_in_the_background():
-    cli = build(["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml"])
+    cli = build(["--config", "configs/strategy/fsdp.yaml"])
     assert cli.trainer.strategy._save_distributed_checkpoint is True and cli.trainer.strategy.async_save is True
 
 
@@ -257,7 +257,7 @@ def test_other_precisions_train_and_transcribe(precision, corpus, tmp_path):
               "--data.max_batch_seconds", str(4 * SECONDS),
               "--data.num_workers", "0", "--trainer.max_epochs", "3")
     losses = step_losses(run)
-    # every step logged: at least 4 an epoch (16 utterances; the demo recipe's speeds fit at most 4 in a batch)
+    # every step logged: at least 4 an epoch (16 utterances; the default run's speeds fit at most 4 in a batch)
     assert len(losses) == steps(run / "checkpoints" / "last.ckpt") >= 12 and sum(losses[-3:]) < 0.8 * sum(losses[:3])
     files = sorted((MINI / "audio" / "test").glob("*.flac"))[:4]
     last = run / "checkpoints" / "last.ckpt"

@@ -51,7 +51,7 @@ def test_two_ranks_train_from_served_shards_stop_on_sigterm_and_resume(server, c
     train, dev = corpus
     with (web_server(train.parent) if server == "https" else s3_server(train)) as (address, _):
         shards = f"{address}/{train.name}" if server == "https" else address
-        args = ["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/ddp.yaml", "--trainer.devices",
+        args = ["--config", "configs/strategy/ddp.yaml", "--trainer.devices",
                 "2", *SMALL, *STEPS, "--data.train_shards", shards, "--data.val_manifest", str(dev)]
         stopped = fit(tmp_path, *args, *signal_at(2, "SIGTERM"))
         assert "asr.fit: SIGTERM: stopped after step 3 and wrote " in stopped.stderr
@@ -75,7 +75,7 @@ def test_a_run_from_shards_without_a_step_bound_is_refused_in_one_line(corpus, t
 def served_fit_args(train, dev, address: str, *args: str) -> list[str]:
     """One process training from ``train``'s shards at ``address`` for up to 500 steps, in fp32 (no precision probe:
     the stream's own batches are what is tested)."""
-    return ["--config", "configs/recipes/demo.yaml", *SMALL, "--data.max_duration", "8", "--test", "false",
+    return [*SMALL, "--data.max_duration", "8", "--test", "false",
             "--trainer.max_steps", "500", "--trainer.val_check_interval", "400", "--trainer.precision", "32-true",
             "--data.train_shards", f"{address}/{train.name}", "--data.val_manifest", str(dev), *args]
 
@@ -119,7 +119,7 @@ def test_two_ranks_whose_every_shard_is_unreadable_both_stop_naming_their_shards
     shutil.copytree(train, broken)
     for tar in broken.glob("recording.*.tar"):
         tar.write_bytes(bytes(range(256)) * (tar.stat().st_size // 256))
-    args = ["--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/ddp.yaml", "--trainer.devices", "2",
+    args = ["--config", "configs/strategy/ddp.yaml", "--trainer.devices", "2",
             *SMALL, *STEPS, "--trainer.precision", "32-true", "--data.max_dropped_share", "1.0",
             "--data.train_shards", str(broken), "--data.val_manifest", str(dev)]
     result = fit(tmp_path / "runs", *args, ok=False)

@@ -1,5 +1,5 @@
-"""configs/recipes/demo-streaming.yaml (and its 8 kHz variant) on the demo recipe, as their headers stack them: a
-streaming model of the demo's size and front end, at 320 ms chunks by default, that trains and streams."""
+"""configs/recipes/demo-streaming.yaml (and its 8 kHz variant) on the default run, as their headers stack them: a
+streaming model of the default run's size and front end, at 320 ms chunks by default, that trains and streams."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from asr.models import streaming
 from asr.train.fit import build
 from tests.e2e.test_recipes import MINI
 
-STACK = ["--config", "configs/recipes/demo.yaml", "--config", "configs/recipes/demo-streaming.yaml"]
+STACK = ["--config", "configs/recipes/demo-streaming.yaml"]
 
 
 @pytest.mark.parametrize("extra, rate, window", [([], 16000, 0.025),
@@ -19,7 +19,7 @@ def test_the_streaming_recipes_build_the_demo_model_streaming(extra, rate, windo
     cli = build([*STACK, *extra, *MINI, "--trainer.precision", "32-true"])
     network, hp = cli.model.model, cli.model.hparams
     assert streaming.streams(network) and network.sample_rate == rate == cli.datamodule.hparams.sample_rate
-    assert hp.encoder["d_model"] == 96 and hp.encoder["subsampling"] == 8 and hp.inter_ctc == 0.3  # the demo's
+    assert hp.encoder["d_model"] == 96 and hp.encoder["subsampling"] == 8 and hp.inter_ctc == 0.3  # the default run's
     assert network.encoder.chunk * network.frame_seconds == pytest.approx(0.32)
     assert streaming.algorithmic_latency(network.encoder, 4, network.features.config.win_seconds) == \
         pytest.approx(0.32 + window - 0.01)

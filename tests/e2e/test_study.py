@@ -72,9 +72,9 @@ def tiny(tmp_path_factory) -> list[str]:
     tmp = tmp_path_factory.mktemp("data")
     dev, test = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 12), slice_manifest(MINI / "test.jsonl", tmp / "test.jsonl", 12)
     fit_args = ["--model.encoder.n_heads", "2", "--model.warmup_steps", "4", "--trainer.log_every_n_steps", "4",
-                "--model.inter_ctc", "0",  # the demo recipe's intermediate CTC needs a middle block: 2+ layers
+                "--model.inter_ctc", "0",  # the default run's intermediate CTC needs a middle block: 2+ layers
                 "--model.optimizer.init_args.lr", "0.05",
-                *CHAR_FRAMES,  # the demo recipe's 40 ms front end, with which these 16 steps were tuned
+                *CHAR_FRAMES,  # the default run's 40 ms front end, with which these 16 steps were tuned
                 "--data.val_manifest", str(dev), "--data.test_manifest", str(test)]
     return ["--quick", "--widths", "[32, 64]", "--depths", "[1]", "--max_steps", "16", "--val_every", "4",
             "--patience", "1", "--fit_args", json.dumps(fit_args)]

@@ -22,7 +22,7 @@ def test_a_distributed_step_between_logging_steps_only_queues_its_two_sums(strat
         (tmp_path / f"{split}.jsonl").write_text(
             "".join(json.dumps(dict(r, audio_filepath=str(MINI / r["audio_filepath"]))) + "\n" for r in rows))
     counter = {"class_path": "tests.syncs.SyncCounter", "init_args": {"path": str(tmp_path / "syncs")}}
-    command = [sys.executable, "-m", "asr.fit", "--config", "configs/recipes/demo.yaml", "--config",
+    command = [sys.executable, "-m", "asr.fit", "--config",
                f"configs/strategy/{strategy}.yaml", "--trainer.devices", "2", "--model.encoder.d_model", "32",
                "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2", "--data.tokenizer_type", "char", *CHAR_FRAMES,
                "--data.max_batch_seconds", "4", "--trainer.max_steps", "12", "--data.num_workers", "0",

@@ -101,12 +101,12 @@ def test_a_streaming_transducers_streams_stepped_together_decode_as_alone(char_t
     """The transducer's greedy search decodes each stream's own frames: three streams joining at rounds 0, 1 and 3
     get the Updates they get alone."""
     from asr.audio import FeatureConfig
-    from asr.models.config import EncoderConfig
+    from tests.conftest import encoder
     from asr.train.module import ASRModule
 
     torch.manual_seed(0)
-    cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
-                        streaming=True, chunk_frames=2, left_context=6)
+    cfg = encoder(n_heads=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5, streaming=True, chunk_frames=2,
+                  left_context=6)
     module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, objective="transducer",
                        features=FeatureConfig(norm="global", var_floor=0.0, quiet_db=0.0))
     transcriber = Transcriber(CheckpointModel(module.eval()))

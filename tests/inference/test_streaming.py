@@ -143,14 +143,14 @@ def test_a_streaming_transducer_decodes_the_token_ids_of_the_whole_file(char_tok
     """Decoding goes through the model's objective: a streaming transducer's (and the hybrid's) stream gives the
     token ids of greedy search over the whole file's frames at the same chunk."""
     from asr.audio import FeatureConfig
-    from asr.models.config import EncoderConfig
+    from tests.conftest import encoder
     from asr.train.module import ASRModule
 
     torch.manual_seed(0)
-    cfg = EncoderConfig(d_model=32, n_heads=2, n_layers=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5,
-                        streaming=True, chunk_frames=2, left_context=6)
+    cfg = encoder(n_heads=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5, streaming=True, chunk_frames=2,
+                  left_context=6)
     module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, objective=objective,
-                       features=FeatureConfig(norm="global", var_floor=0.0))
+                       features=FeatureConfig(norm="global", var_floor=0.0, quiet_db=0.0))
     transcriber = Transcriber(CheckpointModel(module.eval()))
     audio = speech_and_pauses()[: RATE]  # untrained, it emits model.transducer.max_symbols tokens on every frame
     whole, lengths = transcriber.model.log_probs(audio[None], torch.tensor([len(audio)]))

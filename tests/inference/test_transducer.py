@@ -140,7 +140,8 @@ def test_non_speech_gives_no_words_and_min_confidence_drops_the_doubtful(tone_fi
 def test_the_cli_runs_a_transducer_checkpoint_by_beam_search_and_refuses_an_lm(objective, char_tokenizer, corpus,
                                                                                 tmp_path, capsys):
     torch.manual_seed(0)
-    module = ASRModule(tokenizer=char_tokenizer, encoder=encoder(n_layers=1), objective=objective, transducer=CONFIG)
+    module = ASRModule(tokenizer=char_tokenizer, encoder=encoder(n_layers=1), objective=objective, transducer=CONFIG,
+                       inter_ctc=0.0)
     checkpoint = save_checkpoint(module, tmp_path / f"{objective}.ckpt")
     audio = str(corpus.root / "audio" / "long.flac")
     for beam in ("1", "4"):

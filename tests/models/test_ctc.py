@@ -10,7 +10,6 @@ import torch
 from asr.audio import FeatureConfig, num_frames
 from asr.configs import CONFIGS
 from asr.models.blocks import BLOCKS
-from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.models.ctc_decoding import greedy
 from asr.models.objectives import ctc_loss
@@ -160,7 +159,7 @@ def test_negative_checkpoint_every_is_refused():
 
 def test_conv_channels_narrow_the_subsampling_maps_but_not_the_model_width(waveforms):
     features = FeatureConfig(16000)
-    cfg = EncoderConfig(d_model=32, n_heads=4, n_layers=1, conv_channels=8)
+    cfg = encoder(n_layers=1, conv_channels=8)
     model = CTCModel(features, cfg, 12).eval()
     assert [m.out_channels for m in model.encoder.subsampling.conv if hasattr(m, "out_channels")] == [8, 8]
     audio, lengths = waveforms(1.0, 0.6)
@@ -210,7 +209,7 @@ def test_conformer_presets_state_their_parameter_count_and_match_the_transformer
     conformer = parameters(f"conformer-{size}")
     assert build_module(f"conformer-{size}", tokenizer).model.encoder.cfg.block == "conformer"
     assert round(conformer / 1e6, 1) == stated
-    # conformer-tiny takes the demo recipe's front end (8x at 48 channels); at tiny's own (4x at d_model) they match
+    # conformer-tiny takes the default run's front end (8x at 48 channels); at tiny's own (4x at d_model) they match
     front_end = ("--model.encoder.subsampling=4", "--model.encoder.conv_channels=0") if size == "tiny" else ()
     assert abs(parameters(f"conformer-{size}", *front_end) / parameters(size) - 1) < 0.03
 
@@ -231,7 +230,7 @@ def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(
     from asr.inference.transcribe import Transcriber
 
     manifest = mini_slice(tmp_path, 32)
-    command = [sys.executable, "-m", "asr.fit", "--config", "configs/recipes/demo.yaml", "--config", "configs/strategy/fsdp.yaml", *CHAR_FRAMES,
+    command = [sys.executable, "-m", "asr.fit", "--config", "configs/strategy/fsdp.yaml", *CHAR_FRAMES,
                "--model.encoder.block", "conformer", "--model.encoder.conv_norm", "batch", "--model.encoder.conv_kernel", "7",
                "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
                "--model.checkpoint_every", "1", "--model.inter_ctc", "0.3",

@@ -20,7 +20,7 @@ def streaming_model(subsampling: int = 4, chunk: int = 3, left: int = 5, seed: i
     settings = {"ff_mult": 2, "dropout": 0.0, "subsampling": subsampling, "block": "conformer", "conv_kernel": 5,
                 "streaming": True, "chunk_frames": chunk, "left_context": left}
     cfg = encoder(**settings | overrides)
-    return CTCModel(FeatureConfig(16000, norm="global", var_floor=0.0), cfg, 12).eval()
+    return CTCModel(FeatureConfig(16000, norm="global", var_floor=0.0, quiet_db=0.0), cfg, 12).eval()
 
 
 def noise(seconds: float, seed: int = 0) -> torch.Tensor:
@@ -169,7 +169,7 @@ def test_a_streaming_encoder_refuses_what_cannot_stream(overrides, flag):
 
 
 def test_global_normalisation_learns_in_training_and_holds_outside_it():
-    extractor = FeatureExtractor(FeatureConfig(16000, norm="global", var_floor=0.0))
+    extractor = FeatureExtractor(FeatureConfig(16000, norm="global", var_floor=0.0, quiet_db=0.0))
     audio = torch.cat([noise(1.0), torch.zeros(1, 16000)])
     audio[1, :8000] = noise(0.5, seed=4)
     lengths = torch.tensor([16000, 8000])
@@ -198,7 +198,7 @@ def test_a_streaming_checkpoint_keeps_its_settings_and_statistics(tmp_path, char
 
     torch.manual_seed(0)
     cfg = encoder(block="conformer", conv_kernel=5, streaming=True, chunk_frames=2, left_context=6)
-    module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, features=FeatureConfig(norm="global"))
+    module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, features=FeatureConfig(norm="global", quiet_db=0.0))
     module.model.features.global_mean.fill_(-3.0)
     loaded = ASRModule.from_checkpoint(save_checkpoint(module, tmp_path / "s.ckpt"))
     assert loaded.model.encoder.chunk == 2 and loaded.model.encoder.cfg.left_context == 6

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.models.config import EncoderConfig
 from asr.tokenizer import Tokenizer
 from asr.tools.average import AverageError, average, main
 from asr.train.module import ASRModule
-from tests.conftest import save_checkpoint
+from tests.conftest import encoder as tiny_encoder, save_checkpoint
 
 
 def write_checkpoint(path: Path, tokenizer: Tokenizer, seed: int = 0, step: int = 0, extra_state: dict | None = None,
@@ -19,8 +18,8 @@ def write_checkpoint(path: Path, tokenizer: Tokenizer, seed: int = 0, step: int 
     """A checkpoint as asr.fit writes it (tiny model, weights fixed by ``seed``), with optimizer state; ``encoder``:
     other EncoderConfig fields, ``hparams``: other arguments of ASRModule."""
     torch.manual_seed(seed)
-    shapes = EncoderConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "dropout": 0.0, **(encoder or {})})
-    settings = dict(encoder=shapes, spec_augment=None) | hparams
+    shapes = tiny_encoder(**{"dropout": 0.0, **(encoder or {})})
+    settings = dict(encoder=shapes, spec_augment=None, inter_ctc=0.0) | hparams
     module = ASRModule(tokenizer=tokenizer, **settings)
     return save_checkpoint(module, path, state_dict=module.state_dict() | (extra_state or {}), epoch=step,
                            global_step=step, optimizer_states=[{"state": {}, "param_groups": []}], lr_schedulers=[{}])
@@ -89,7 +88,7 @@ def test_a_file_that_is_no_checkpoint_is_named(char_tokenizer, tmp_path):
 
 @pytest.fixture
 def run_folder(char_tokenizer, tmp_path) -> Path:
-    """Checkpoints as configs/recipes/demo.yaml leaves them with save_top_k 3; last.ckpt is epoch 3's step again."""
+    """Checkpoints as the default run leaves them, with save_top_k 3; last.ckpt is epoch 3's step again."""
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     for step, wer in [(10, 0.5), (20, 0.3), (30, 0.4)]:

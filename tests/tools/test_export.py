@@ -16,11 +16,10 @@ import torch
 
 from asr.audio import FeatureConfig
 from asr.inference.exported import METADATA_FILE, TOKENIZER_FILE, ExportedModel, ExportedModelV1, is_exported, load
-from asr.models.config import EncoderConfig
 from asr.models.ctc_decoding import greedy
 from asr.tools import export
 from asr.train.module import ASRModule
-from tests.conftest import save_checkpoint
+from tests.conftest import encoder as tiny_encoder, save_checkpoint
 from tests.tools.exporting import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 # Batches unlike the traced example (2 utterances of 1.0 and 0.6 s): 1 to 5 utterances, 0.02 to 2.3 s.
@@ -32,9 +31,9 @@ def write_checkpoint(path: Path, tokenizer, seed: int = 0, features: dict | None
     """A tiny randomly initialised checkpoint: its transcripts are arbitrary but deterministic. ``features`` and
     ``encoder``: other FeatureConfig and EncoderConfig fields, ``hparams``: other arguments of ASRModule."""
     torch.manual_seed(seed)
-    shapes = EncoderConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "ff_mult": 2, "dropout": 0.1,
-                              **(encoder or {})})
-    settings = dict(features=FeatureConfig(**(features or {})), encoder=shapes) | hparams
+    shapes = tiny_encoder(**{"ff_mult": 2, "dropout": 0.1, **(encoder or {})})
+    features = FeatureConfig(**{"norm": "bin", "quiet_db": 0.0, **(features or {})})
+    settings = dict(features=features, encoder=shapes, inter_ctc=0.0) | hparams
     return save_checkpoint(ASRModule(tokenizer=tokenizer, **settings), path)
 
 

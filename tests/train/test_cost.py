@@ -14,18 +14,18 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
-from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.tokenizer import Tokenizer
 from asr.train import cost
 from asr.train.module import ASRModule
+from tests.conftest import encoder as tiny_encoder
 
 
 def tiny(sample_rate: int = 16000, conv_channels: int = 0, attention_window: int = 0, **block) -> CTCModel:
     features = FeatureConfig(sample_rate)
-    cfg = EncoderConfig(d_model=8, n_heads=2, n_layers=2, ff_mult=2, conv_channels=conv_channels,
-                        attention_window=attention_window, **block)
+    cfg = tiny_encoder(d_model=8, n_heads=2, n_layers=2, ff_mult=2, conv_channels=conv_channels,
+                       attention_window=attention_window, **block)
     return CTCModel(features, cfg, vocab_size=5).eval()
 
 
@@ -82,8 +82,7 @@ def test_a_transducers_flops_count_its_prediction_network_and_joiner_over_the_la
     """torch's FlopCounterMode sees every matrix product of a training forward but the LSTM's (aten.lstm): with that
     added, the transducer's own count of the padded batch is the executed FLOPs."""
     cfg = TransducerConfig(pred_dim=16, joint_dim=24)
-    model = TransducerModel(FeatureConfig(8000), EncoderConfig(d_model=32, n_heads=4, n_layers=2, ff_mult=2,
-                                                               conv_channels=0), 12, cfg, ctc_head).eval()
+    model = TransducerModel(FeatureConfig(8000), tiny_encoder(ff_mult=2), 12, cfg, ctc_head).eval()
     lengths, tokens, token_lengths = torch.tensor([8000, 5000]), torch.tensor([[3, 4, 5], [6, 7, 0]]), torch.tensor([3, 2])
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(torch.randn(2, 8000), lengths, targets=tokens, target_lengths=token_lengths)
@@ -149,7 +148,7 @@ def test_cost_metrics_appear_in_a_short_fit(tmp_path, monkeypatch):
     texts = ["abc", "cab", "bca", "ab"]
     tokenizer = Tokenizer.train(texts, "char")
     torch.manual_seed(0)
-    module = ASRModule(tokenizer=tokenizer, encoder=EncoderConfig(d_model=32, n_heads=2, n_layers=1))
+    module = ASRModule(tokenizer=tokenizer, encoder=tiny_encoder(n_heads=2, n_layers=1), inter_ctc=0.0)
 
     def batch(seconds: list[float], words: list[str]) -> Batch:
         audio = [torch.randn(int(s * 16000)) * 0.1 for s in seconds]

@@ -2,8 +2,13 @@
 and train as they did: tests/fixtures/flat-settings was written by that code (a tiny char Conformer, its output
 on a bundled test file, and the config.yaml of a run with flat flags)."""
 
+import io
+import sys
+from contextlib import redirect_stdout
 from pathlib import Path
+from unittest import mock
 
+import pytest
 import torch
 import yaml
 
@@ -48,6 +53,39 @@ def test_a_config_yaml_of_flat_settings_trains_with_the_same_settings(tmp_path):
     assert cli.datamodule.augmentation.noise_prob == 0.1
     assert cli.model.model.features.config.var_floor == flat["model"]["feature_var_floor"]
     assert group_config(yaml.safe_load(yaml.safe_dump(cli.config.as_dict()))) is None  # what it resolves to is grouped
+
+
+def test_a_checkpoint_without_settings_whose_default_changed_keeps_the_values_it_was_trained_with():
+    """A checkpoint holds every setting there was when it was written; one it lacks had the default of then
+    (BEFORE_THEIR_TIME), not today's: the default run's Conformer and features must not reshape an older model."""
+    grouped = group_settings(torch.load(FIXTURE / "model.ckpt", weights_only=True)["hyper_parameters"])
+    older = {**grouped, "encoder": {k: v for k, v in grouped["encoder"].items() if k not in ("conv_channels", "block")}}
+    older = {k: v for k, v in older.items() if k != "inter_ctc"}
+    settings = ASRModule.settings(older)
+    assert settings["encoder"].conv_channels == 0 and settings["encoder"].block == "transformer"
+    assert settings["features"].quiet_db == 0.0 and settings["inter_ctc"] == 0.0
+    assert ASRModule.settings(grouped)["encoder"].block == "conformer"  # what it names, it keeps
+    assert group_settings({**grouped, "spec_augment": None})["spec_augment"] is None
+
+
+def test_a_runs_config_yaml_lacking_a_setting_reads_it_as_that_run_had_it_and_a_recipe_takes_the_default(tmp_path):
+    """A config.yaml asr.fit wrote (its first line LightningCLI's) names every setting of its time; a recipe names
+    what differs from the default run. data.augmentation.pause_prob and model.features.quiet_db came later."""
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    config["data"] = {k: v for k, v in config["data"].items() if k != "pause_prob"}
+    body = yaml.safe_dump(config, sort_keys=False)
+    (tmp_path / "run.yaml").write_text("# pytorch_lightning==2.6.6\n" + body)
+    (tmp_path / "recipe.yaml").write_text(body)
+    run, recipe = (printed_config("--config", str(tmp_path / name)) for name in ("run.yaml", "recipe.yaml"))
+    assert run["model"]["features"]["quiet_db"] == 0.0 and run["data"]["augmentation"]["pause_prob"] == 0.0
+    assert recipe["model"]["features"]["quiet_db"] == 6.0 and recipe["data"]["augmentation"]["pause_prob"] == 0.025
+
+
+def printed_config(*args: str) -> dict:
+    """What ``python -m asr.fit ARGS --print_config`` prints, parsed."""
+    with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out, mock.patch.object(sys, "argv", ["asr.fit"]):
+        fit.main([*args, "--print_config"])
+    return yaml.safe_load(out.getvalue())
 
 
 def test_old_module_names_of_saved_class_paths_import_the_moved_modules():

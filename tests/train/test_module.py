@@ -14,20 +14,21 @@ from torch.utils.data import DataLoader
 
 from asr.audio import FeatureConfig
 from asr.data.batch import Batch
-from asr.models.config import EncoderConfig
 from asr.models.objectives import ctc_loss
 from asr.specaugment import SpecAugmentConfig
 from asr.train.module import ASRModule, any_nonfinite, error_counts
 from asr.train.schedule import WarmupCosine
-from tests.conftest import flat_hyper_parameters, old_weight_names, save_checkpoint
+from tests.conftest import encoder as tiny_encoder, flat_hyper_parameters, old_weight_names, save_checkpoint
 
 
 def module(tokenizer, encoder: dict | None = None, **kwargs) -> ASRModule:
-    """A tiny ASRModule (d_model 32, 4 heads, 2 layers, no dropout, no SpecAugment); ``encoder``: other
-    EncoderConfig fields, ``kwargs``: other arguments of ASRModule."""
+    """A tiny ASRModule (tests.conftest.TINY_ENCODER without dropout, per-bin features over every frame, no
+    SpecAugment, no intermediate CTC); ``encoder``: other EncoderConfig fields, ``kwargs``: other arguments of
+    ASRModule."""
     torch.manual_seed(0)
-    shapes = EncoderConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "dropout": 0.0, **(encoder or {})})
-    settings = dict(encoder=shapes, spec_augment=None) | kwargs
+    shapes = tiny_encoder(**{"dropout": 0.0, **(encoder or {})})
+    features = FeatureConfig(norm="bin", quiet_db=0.0)
+    settings = dict(encoder=shapes, features=features, spec_augment=None, inter_ctc=0.0) | kwargs
     return ASRModule(tokenizer=tokenizer, **settings)
 
 
@@ -56,7 +57,7 @@ def test_any_nonfinite_finds_one_bad_gradient_element_among_many(dtype, bad):
 
 
 def test_schedule_warms_up_linearly_then_follows_a_cosine_to_the_floor():
-    schedule = WarmupCosine(warmup=10, total=110, floor=0.1)
+    schedule = WarmupCosine(warmup=10, total=110, floor=0.1, warmup_share=1.0)
     assert schedule(0) == pytest.approx(0.1) and schedule(9) == pytest.approx(1.0)
     assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert schedule(110) == pytest.approx(0.1) and schedule(500) == pytest.approx(0.1)
@@ -69,7 +70,7 @@ def cosine(progress: float, floor: float) -> float:
 
 
 def test_time_bounded_schedule_follows_the_elapsed_share_of_max_time_or_the_steps_if_further():
-    schedule = WarmupCosine(warmup=10, total=10_010, floor=0.1, duration=600.0)
+    schedule = WarmupCosine(warmup=10, total=10_010, floor=0.1, duration=600.0, warmup_share=1.0)
     for elapsed, expected in [(0.0, 1.0), (150.0, cosine(0.25, 0.1)), (300.0, cosine(0.5, 0.1)),
                               (540.0, cosine(0.9, 0.1)), (600.0, 0.1), (900.0, 0.1)]:
         schedule.elapsed = elapsed
@@ -160,7 +161,7 @@ def test_checkpoint_round_trip_gives_the_same_transcripts(n_mels, feature_norm, 
 def test_a_checkpoint_from_before_a_setting_existed_loads_with_the_value_it_was_trained_with(char_tokenizer, waveforms,
                                                                                            tmp_path):
     """Checkpoints written before --model.feature_norm (now --model.features.norm) have no such key: their features
-    were normalised per bin, ASRModule's default, whatever configs/recipes/demo.yaml now sets. Such a checkpoint is also
+    were normalised per bin, ASRModule's default then, whatever the default is now. Such a checkpoint is also
     one of before the settings were grouped (flat hyper-parameters, weights under model.blocks.*)."""
     original = module(char_tokenizer).eval()
     hyper_parameters = {k: v for k, v in flat_hyper_parameters(original.hparams).items() if k != "feature_norm"}

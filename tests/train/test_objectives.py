@@ -59,7 +59,7 @@ def test_a_setting_the_chosen_objective_does_not_read_is_refused(char_tokenizer)
     try:
         ASRModule(tokenizer=char_tokenizer, encoder=encoder(), objective=f"{__name__}:Plain")  # at its default: fine
         with pytest.raises(ValueError, match=f"model.inter_ctc is not read by model.objective {__name__}:Plain"):
-            ASRModule(tokenizer=char_tokenizer, encoder=encoder(), objective=f"{__name__}:Plain", inter_ctc=0.3)
+            ASRModule(tokenizer=char_tokenizer, encoder=encoder(), objective=f"{__name__}:Plain", inter_ctc=0.1)
     finally:
         del here.Plain
 
@@ -151,7 +151,7 @@ def test_a_fourth_objective_registers_with_one_line_and_trains(tmp_path, monkeyp
     monkeypatch.setitem(OBJECTIVES, "smoothed", f"{__name__}:Smoothed")  # the one line
     train = slice_manifest(MINI / "train.jsonl", tmp_path / "train.jsonl", 16)
     dev = slice_manifest(MINI / "train.jsonl", tmp_path / "dev.jsonl", 3)  # characters the tokenizer knows
-    cli = fit(tmp_path, "--model.objective", "smoothed", "--model.inter_ctc", "0", "--trainer.max_epochs", "2",
+    cli = fit(tmp_path, "--model.objective", "smoothed", "--trainer.max_epochs", "2",
               "--trainer.precision", "32-true", "--data.train_manifest", str(train), "--data.val_manifest", str(dev),
               "--test", "false")
     run = Path(cli.trainer.log_dir)

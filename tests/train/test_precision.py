@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from asr.models.config import EncoderConfig
 from asr.train import cost, precision
 from asr.train.module import ASRModule
-from tests.conftest import row
+from tests.conftest import encoder, row
 
 
 class Data:
@@ -34,7 +33,7 @@ class Data:
 @pytest.fixture
 def module(char_tokenizer):
     torch.manual_seed(0)
-    return ASRModule(tokenizer=char_tokenizer, encoder=EncoderConfig(d_model=32, n_heads=2, n_layers=1, ff_mult=2))
+    return ASRModule(tokenizer=char_tokenizer, encoder=encoder(n_heads=2, n_layers=1, ff_mult=2), inter_ctc=0.0)
 
 
 @pytest.fixture
@@ -126,7 +125,8 @@ def test_ranks_inherit_the_choice_for_the_same_model_only(module, manifest, monk
     assert precision.inherited(module, batch) is None
     precision.hand_down(module, batch, "bf16-mixed")
     assert precision.inherited(module, batch) == "bf16-mixed"
-    other = ASRModule(tokenizer=char_tokenizer, encoder=EncoderConfig(d_model=64, n_heads=2, n_layers=1, ff_mult=2))
+    other = ASRModule(tokenizer=char_tokenizer, encoder=encoder(d_model=64, n_heads=2, n_layers=1, ff_mult=2),
+                      inter_ctc=0.0)
     assert precision.inherited(other, batch) is None  # a later run of another model in this process decides anew
 
 

@@ -17,12 +17,12 @@ from torch.utils.data import DataLoader
 
 from asr.data.batch import Batch
 from asr.models import objectives
-from asr.models.config import EncoderConfig
 from asr.train.fit import main
 from asr.train.module import ASRModule, NonFiniteLossError
 from tests import MINI
 from tests.syncs import SyncCounter
 from tests.cli import CHAR_FRAMES
+from tests.conftest import encoder
 
 
 def sliced(src: Path, dst: Path, n: int) -> Path:
@@ -44,7 +44,7 @@ class StepTotals(pl.Callback):
 
 
 def default_fit(tmp_path: Path, *args: str, cuda: bool = False):
-    """python -m asr.fit as documented (demo recipe, default callbacks, progress bar and CSV log), small: a tiny
+    """python -m asr.fit as documented (the default run, default callbacks, progress bar and CSV log), small: a tiny
     char model on 60 utterances of data/mini, one epoch of 22 updates; the CLI, its SyncCounter and StepTotals."""
     train = sliced(MINI / "train.jsonl", tmp_path / "train.jsonl", 60)
     dev = sliced(MINI / "dev.jsonl", tmp_path / "dev.jsonl", 2)
@@ -85,7 +85,7 @@ def nan_run(char_tokenizer, bad: set[int], every: int, fused: bool = True, **set
     """Fit a tiny module on 6 batches, those numbered in ``bad`` (0-based) of NaN audio, logging every ``every``
     updates; (module, trainer, SyncCounter, the first weight after each update)."""
     torch.manual_seed(0)
-    module = ASRModule(tokenizer=char_tokenizer, encoder=EncoderConfig(d_model=16, n_heads=2, n_layers=1),
+    module = ASRModule(tokenizer=char_tokenizer, encoder=encoder(d_model=16, n_heads=2, n_layers=1), inter_ctc=0.0,
                        spec_augment=None, optimizer=lambda p: torch.optim.AdamW(p, fused=fused), **settings)
     batches = []
     for i, texts in enumerate([["nine four", "two five"]] * 6):

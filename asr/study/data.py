@@ -35,7 +35,7 @@ def draw_subsets(manifest: str, fractions: list[float], seed: int, out: Path) ->
 
     Returns {fraction: {"utterances", "hours"}}, also written to OUT/data/subsets.json.
     """
-    utterances, problems = ManifestSource(manifest, "--data.train_manifest").parse()
+    utterances, problems = ManifestSource(manifest, "data.train_manifest").parse()
     if problems:
         print(f"asr.study: {len(problems)} bad lines of {manifest} are in no subset (first: {problems[0]})",
               file=sys.stderr)  # stdout stays the commands of --print_commands

@@ -39,6 +39,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from asr.atomic import write_atomically
+from asr.data.manifest import ManifestError
 from asr.study.analysis import Target, check_window, projections, smoothed, steps_to_converge, stopped_early
 from asr.study.data import draw_subsets, subset_path, tokenizer_path
 from asr.train.fit import CONFIGS
@@ -202,7 +203,9 @@ def prepare(study: Study, out: Path) -> dict:
             partial.write_text(yaml.safe_dump(content, sort_keys=False))
     try:
         draw_subsets(base["data"]["train_manifest"], study.fractions, study.seed, out)
-    except OSError as err:  # a corpus not made yet: the config's header says how to make it
+    except ManifestError as err:  # a corpus not made yet: the config's header says how to make it
+        raise StudyError(str(err)) from err
+    except OSError as err:
         raise StudyError(f"data.train_manifest: {err}") from err
     tokenizer_path(base, out)
     return base

@@ -56,3 +56,15 @@ class ToneStream(ToneModel):
             return torch.zeros(0, self.tokenizer.vocab_size), buffer
         frames, _ = self.log_probs(buffer[None, :take], torch.tensor([take]))
         return frames[0], buffer[take:]
+
+
+def batch_sizes(network, monkeypatch) -> list[int]:
+    """The batch of every StreamingEncoder.step of ``network`` from now on."""
+    sizes, step = [], network.encoder.step
+
+    def counted(feats, state):
+        sizes.append(feats.shape[0])
+        return step(feats, state)
+
+    monkeypatch.setattr(network.encoder, "step", counted)
+    return sizes

@@ -10,7 +10,7 @@ from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import advance_streams, feed_together
 from asr.inference.transcribe import Transcriber
 from asr.models import streaming
-from tests.streams import RATE, ToneStream, speech_and_pauses, streaming_module
+from tests.streams import RATE, ToneStream, batch_sizes, speech_and_pauses, streaming_module
 
 
 @pytest.fixture(autouse=True)
@@ -22,17 +22,6 @@ def one_thread(keep_threads):
 def transcriber(char_tokenizer):
     return Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
 
-
-def batch_sizes(network, monkeypatch) -> list[int]:
-    """The batch of every StreamingEncoder.step of ``network`` from now on."""
-    sizes, step = [], network.encoder.step
-
-    def counted(feats, state):
-        sizes.append(feats.shape[0])
-        return step(feats, state)
-
-    monkeypatch.setattr(network.encoder, "step", counted)
-    return sizes
 
 
 def schedule(streams: list[list[torch.Tensor]], starts: list[int]) -> list[list[tuple[int, torch.Tensor, bool]]]:

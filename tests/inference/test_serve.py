@@ -26,7 +26,7 @@ from asr.inference.serve import StreamServer
 from asr.inference.transcribe import Transcriber
 from tests import REPO
 from tests.conftest import save_checkpoint
-from tests.streams import RATE, speech_and_pauses, streaming_module
+from tests.streams import RATE, batch_sizes, speech_and_pauses, streaming_module
 
 TIMEOUT = 60.0  # seconds any one test's conversation may take
 
@@ -177,17 +177,6 @@ def test_concurrent_real_time_streams_are_all_served_and_their_latency_measured(
     # every frame up to the last result: silence at the end has no final (no text) to cover it
     assert len(latencies) >= 4 * 25 and all(np.isfinite(latencies)) and percentile(latencies, 95) > 0
 
-
-def batch_sizes(network, monkeypatch) -> list[int]:
-    """The batch of every StreamingEncoder.step of ``network`` from now on."""
-    sizes, step = [], network.encoder.step
-
-    def counted(feats, state):
-        sizes.append(feats.shape[0])
-        return step(feats, state)
-
-    monkeypatch.setattr(network.encoder, "step", counted)
-    return sizes
 
 
 async def held_until(gate: threading.Event, ready, seconds: float = TIMEOUT) -> None:

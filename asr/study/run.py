@@ -61,7 +61,7 @@ class Study:
     Args:
         out: the study's folder: subsets, trial runs, logs and the analysis.
         fit_configs: asr.fit configs stacked for every trial; none: the default run, as asr.fit without --config.
-        fit_args: further asr.fit arguments for every trial, e.g. ["--model.warmup_steps", "50"].
+        fit_args: further asr.fit arguments for every trial, e.g. ["--model.schedule.warmup_steps", "50"].
         widths: model.encoder.d_model of each size; [] = the base config's.
         depths: model.encoder.n_layers (every width at every depth); [] = the base config's.
         fractions: nested random subsets of data.train_manifest, as fractions of its lines, in (0, 1].

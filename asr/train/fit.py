@@ -55,7 +55,7 @@ from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cu
 from asr.settings import ConfigError
 from asr.train import budget, fsdp, precision
 from asr.train.init_from import initialize, settings_changed
-from asr.train.legacy import WRITTEN_BY_A_RUN, complete_config, group_config
+from asr.train.legacy import FLAT_FLAGS, WRITTEN_BY_A_RUN, complete_config, current_flags, group_config
 from asr.train.module import ASRModule, NonFiniteLossError
 from asr.train.resilience import (COLLECTIVE_TIMEOUT_MINUTES, CheckpointWriteError, FitLoop, Preempted, describe_failure,
                             is_collective_timeout, last_checkpoints, set_collective_timeout)
@@ -319,8 +319,13 @@ def nothing_left(trainer: pl.Trainer, reached: dict) -> str | None:
 
 def build(args: list[str] | None = None) -> ASRCLI:
     """Parse ``args`` (default: the command line) and build model, data and trainer: the --config files, if any,
-    on the signature defaults and TRAINER_DEFAULTS."""
+    on the signature defaults and TRAINER_DEFAULTS; the schedule's old flat flags (asr.train.legacy.FLAT_FLAGS) read
+    as the grouped ones, said once."""
     given = map_configs(sys.argv[1:] if args is None else args, read_config)
+    old = [arg.partition("=")[0] for arg in given if arg.partition("=")[0] in FLAT_FLAGS]
+    if old:
+        rank_zero_info(f"{', '.join(old)}: read as {', '.join(FLAT_FLAGS[flag] for flag in old)} (grouped now)")
+        given = current_flags(given)
     if args is None:  # from the command line: LightningCLI warns when given args beside sys.argv
         sys.argv[1:], given = given, None
     args = given
@@ -359,7 +364,8 @@ def read_config(path: str) -> str:
     grouped = group_config(content)
     if grouped is not None:
         rank_zero_info(f"--config {path}: flat settings of an older asr, read as grouped ones "
-                       "(model.encoder.*, model.features.*, model.spec_augment.*, data.augmentation.*)")
+                       "(model.encoder.*, model.features.*, model.spec_augment.*, model.schedule.*, "
+                       "data.augmentation.*)")
     lacked = []
     if WRITTEN_BY_A_RUN.match(text):  # every setting of its time: one it lacks had the value of before
         grouped, lacked = complete_config(grouped or content)

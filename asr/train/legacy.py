@@ -1,5 +1,5 @@
 """Checkpoints and settings of runs made before the settings were grouped (``model.d_model`` ->
-``model.encoder.d_model``), the encoder became a module of its own (``model.blocks.0`` ->
+``model.encoder.d_model``, ``model.warmup_steps`` -> ``model.schedule.warmup_steps``), the encoder became a module of its own (``model.blocks.0`` ->
 ``model.encoder.blocks.0``), a setting was added or a default changed: they load, resume and transcribe as they did.
 
 A checkpoint's ``hyper_parameters`` hold plain values (dicts for the groups), never dataclasses, so that
@@ -15,8 +15,12 @@ import typing
 from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
 from asr.specaugment import SpecAugmentConfig
+from asr.train.schedule import ScheduleConfig
 
-GROUPS = {"features": FeatureConfig, "encoder": EncoderConfig, "spec_augment": SpecAugmentConfig}
+GROUPS = {"features": FeatureConfig, "encoder": EncoderConfig, "spec_augment": SpecAugmentConfig,
+          "schedule": ScheduleConfig}
+# Flags of settings grouped after many commands, scripts and studies named them: read as the grouped ones.
+FLAT_FLAGS = {f"--model.{f.name}": f"--model.schedule.{f.name}" for f in dataclasses.fields(ScheduleConfig)}
 # old flat name -> (group, field), where the field's name is not the old one
 RENAMED = {"features": ("features", "kind"), "feature_norm": ("features", "norm"),
            "feature_var_floor": ("features", "var_floor"), "feature_stats_db": ("features", "stats_db")}
@@ -29,7 +33,7 @@ BEFORE_THEIR_TIME = {
               "encoder": {"d_model": 144, "n_layers": 4, "attention_dropout": 0.0, "subsampling": 4,
                           "attention_window": 0, "conv_channels": 0, "block": "transformer", "conv_kernel": 31},
               "spec_augment": {"freq_warp": 0.0, "freq_warp_jitter": 0.0},
-              "inter_ctc": 0.0, "warmup_steps": 200},
+              "inter_ctc": 0.0, "schedule": {"warmup_steps": 200}},
     "data": {"tokenizer_type": "char", "max_batch_seconds": 60.0, "speed_perturb": [1.0], "cache_audio_mb": 0.0,
              "augmentation": {"noise_prob": 0.0, "noise_snr_db": [5.0, 30.0], "reverb_prob": 0.0,
                               "reverb_rt60": [0.2, 0.8], "gain_prob": 0.0, "telephone_prob": 0.0,
@@ -48,27 +52,38 @@ def flat_names() -> dict[str, tuple[str, str]]:
     return names | RENAMED
 
 
-def regroup(flat: dict) -> dict:
-    """Settings named the old, flat way (a model section or hyper-parameters) -> grouped: ``{"encoder":
-    {"d_model": 96, ...}, ...}``; a group none of them names is left out, ``spec_augment: false`` becomes None."""
+def regroup(settings: dict) -> dict:
+    """Settings named the old, flat way, the grouped way, or both (a model section or hyper-parameters written
+    between two groupings) -> grouped: ``{"encoder": {"d_model": 96, ...}, ...}``; a group none of them names is
+    left out, ``spec_augment: false`` becomes None."""
     grouped, names = {}, flat_names()
-    for name, value in flat.items():
-        if name in names:
+    for name, value in settings.items():
+        if name in GROUPS and (value is None or isinstance(value, dict)):  # written grouped
+            grouped[name] = None if value is None else {**(grouped.get(name) or {}), **value}
+        elif name in names:
             group, field = names[name]
             grouped.setdefault(group, {})[field] = value
         elif name not in GROUPS:
             grouped[name] = value
-    if flat.get("spec_augment") is False:
+    if settings.get("spec_augment") is False:
         grouped["spec_augment"] = None
     return grouped
 
 
 def group_settings(hyper_parameters: dict) -> dict:
-    """A checkpoint's hyper-parameters in either form -> the grouped form, with BEFORE_THEIR_TIME for the settings
+    """A checkpoint's hyper-parameters in any form -> the grouped form, with BEFORE_THEIR_TIME for the settings
     it lacks: what that run had."""
-    written_grouped = any(isinstance(hyper_parameters.get(group), dict) for group in ("features", "encoder"))
-    grouped = dict(hyper_parameters) if written_grouped else regroup(hyper_parameters)
-    return with_former(grouped, BEFORE_THEIR_TIME["model"])
+    return with_former(regroup(hyper_parameters), BEFORE_THEIR_TIME["model"])
+
+
+def current_flags(args: list[str]) -> list[str]:
+    """Command-line ``args`` with each old flat flag of FLAT_FLAGS (``--model.warmup_steps 10``, or ``=10``) named
+    as the grouped one."""
+    out = []
+    for arg in args:
+        flag, sep, value = arg.partition("=")
+        out.append(FLAT_FLAGS[flag] + sep + value if flag in FLAT_FLAGS else arg)
+    return out
 
 
 def with_former(settings: dict, former: dict) -> dict:

@@ -51,7 +51,7 @@ from asr.tokenizer import Tokenizer
 from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
 from asr.train.legacy import as_setting, current_names, group_settings
-from asr.train.schedule import WarmupCosine
+from asr.train.schedule import ScheduleConfig, WarmupCosine
 from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
@@ -76,9 +76,7 @@ class ASRModule(pl.LightningModule):
         checkpoint_every: int = 0,
         compile: bool = False,
         optimizer: OptimizerCallable = ADAMW,
-        warmup_steps: int = 400,  # the Czech recipe's Conformer warm-up (docs/benchmarks.md, 2026-11-23 late morning)
-        warmup_share: float = 0.3,
-        min_lr_ratio: float = 0.05,
+        schedule: ScheduleConfig = ScheduleConfig(),
         max_consecutive_skips: int = 10,
         init_from: str | None = None,
         finetune: FineTune = FineTune(),
@@ -102,13 +100,7 @@ class ASRModule(pl.LightningModule):
             checkpoint_every: activation checkpointing of every k-th block (1 = all); 0 = off.
             compile: torch.compile each encoder block (after FSDP sharding, if any).
             optimizer: the optimizer class and its arguments (by default AdamW at its own lr, fused: ADAMW).
-            warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
-            warmup_share: with --trainer.max_time, warm-up also ends once this share of the time has passed, if
-                that comes first: it lasts at most this share of the steps this machine makes in that time
-                (WarmupCosine), so a slower machine leaves warm-up too. On the CPU the Czech recipe was tuned on
-                (1,278 steps in its 15 minutes) 0.3 ends its 400-step warm-up at step 384.
-            min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step, or,
-                with --trainer.max_time, when the time runs out if that comes first (WarmupCosine).
+            schedule: the learning rate's warm-up and cosine (asr.train.schedule.ScheduleConfig).
             max_consecutive_skips: stop the run when this many updates in a row had a non-finite loss or
                 gradient (each is skipped on every rank); 0 = never stop.
             init_from: start from this checkpoint's weights (an asr.fit .ckpt, an asr.average output, or a
@@ -120,14 +112,10 @@ class ASRModule(pl.LightningModule):
         super().__init__()
         if tokenizer is None:
             raise ValueError("ASRModule needs a tokenizer: asr.fit links it from data.tokenizer")
-        if not 0.0 < warmup_share <= 1.0:
-            raise ValueError(f"model.warmup_share must be in (0, 1], got {warmup_share}")
-        if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(f"model.warmup_steps must be >= 0 and model.min_lr_ratio in [0, 1], got {warmup_steps} "
-                             f"and {min_lr_ratio:g}")
         self.save_hyperparameters(ignore=["tokenizer", "optimizer"])
         plain_settings(self)
         self.tokenizer, self.optimizer_factory, self.finetune = tokenizer, optimizer_callable(optimizer), finetune
+        self.schedule_config = schedule
         self.objective = build_objective(objective, {"inter_ctc": inter_ctc, "transducer": transducer},
                                          objective_defaults())
         bin_hz = features.bin_hz() if spec_augment and spec_augment.warps else None  # only the warp needs it
@@ -357,8 +345,7 @@ class ASRModule(pl.LightningModule):
         # The schedule's length is set in on_train_start: trainer.estimated_stepping_batches builds the
         # train loader, and built here, before a checkpoint is restored, it would start a resumed
         # epoch from its first batch instead of where the checkpoint left it.
-        hp = self.hparams
-        self.schedule = WarmupCosine(hp.warmup_steps, None, hp.min_lr_ratio, warmup_share=hp.warmup_share)
+        self.schedule = WarmupCosine.of(self.schedule_config)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

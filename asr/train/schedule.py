@@ -3,6 +3,34 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning rate's schedule (``--model.schedule.*``; WarmupCosine runs it).
+
+    Args:
+        warmup_steps: optimizer steps of linear warm-up from 0 to the optimizer's lr.
+        warmup_share: with --trainer.max_time, warm-up also ends once this share of the time has passed, if that
+            comes first: it lasts at most this share of the steps this machine makes in that time, so a slower
+            machine leaves warm-up too.
+        min_lr_ratio: after warm-up the lr follows a cosine down to lr * min_lr_ratio at the last step, or, with
+            --trainer.max_time, when the time runs out if that comes first.
+    """
+
+    warmup_steps: int = 400  # the Czech recipe's Conformer warm-up (docs/benchmarks.md, 2026-11-23 late morning)
+    warmup_share: float = 0.3  # on the CPU the Czech recipe was tuned on, 400 steps were 31% of the 1,278 it made in
+    # its 15 minutes (there 0.3 ends warm-up at step 384); on an AVX2 CPU in fp32, 1,073 steps, warm-up ends at 322
+    min_lr_ratio: float = 0.05
+
+    def __post_init__(self):
+        if self.warmup_steps < 0:
+            raise ValueError(f"model.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 < self.warmup_share <= 1.0:
+            raise ValueError(f"model.schedule.warmup_share must be in (0, 1], got {self.warmup_share:g}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"model.schedule.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio:g}")
 
 
 class WarmupCosine:
@@ -16,13 +44,18 @@ class WarmupCosine:
     so a machine that makes few steps in the time leaves warm-up all the same. ``total`` may be set after
     construction (None until then counts as no progress past warm-up); ``elapsed`` is set by the owner of
     the clock before each scheduler step (ASRModule: the ranks' mean of trainer.max_time's Timer, so every
-    rank has one lr). Its settings, and their defaults, are ASRModule's (``--model.warmup_steps``, ...).
+    rank has one lr). ``ScheduleConfig`` holds its settings and their defaults.
     """
 
     def __init__(self, warmup: int, total: int | float | None, floor: float, duration: float | None = None, *,
                  warmup_share: float):
         self.warmup, self.total, self.floor = warmup, total, floor
         self.duration, self.elapsed, self.warmup_share = duration, 0.0, warmup_share
+
+    @classmethod
+    def of(cls, config: ScheduleConfig) -> "WarmupCosine":
+        """The schedule ``config`` describes, its length (``total``, ``duration``) set later by its owner."""
+        return cls(config.warmup_steps, None, config.min_lr_ratio, warmup_share=config.warmup_share)
 
     def progress(self, step: int) -> float:
         """How far along the cosine, 0 to 1: steps past warm-up, or the share of ``duration`` elapsed."""

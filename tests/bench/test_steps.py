@@ -52,7 +52,7 @@ def test_bench_builds_the_model_and_data_asr_fit_builds(tmp_path):
 
 def test_plain_step_takes_the_step_trainer_fit_takes(tokenizer_arg):
     """Same weights after three steps: the module's training_step, optimizer and lr schedule, in Lightning's order."""
-    args = (tokenizer_arg, *NO_NOISE, "--model.warmup_steps=1", "--trainer.precision=32-true")
+    args = (tokenizer_arg, *NO_NOISE, "--model.schedule.warmup_steps=1", "--trainer.precision=32-true")
     plain = bench_steps.build("tiny", *args)
     data = batches(3, plain.model.tokenizer.vocab_size)
     initial = [p.detach().clone() for p in plain.model.parameters()]

@@ -29,7 +29,7 @@ from tests.decoded import own_transcripts
 # A small char model: it leaves the all-blank stage within a few hundred steps, so ten quick
 # epochs are enough to transcribe something (the default unigram model needs more).
 TINY = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-        "--model.warmup_steps", "20", "--data.tokenizer_type", "char", *CHAR_FRAMES]
+        "--model.schedule.warmup_steps", "20", "--data.tokenizer_type", "char", *CHAR_FRAMES]
 RUN = ["--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.max_duration", "8"]  # the shared run
 
 

@@ -64,7 +64,7 @@ def bad_file(tmp_path: Path, kind: str) -> Path:
     (["--trainer.max_epochs", "0"], "trainer.max_epochs 0 trains nothing"),
     (["--data.tokenizer_vocab_size", "0"], "data.tokenizer_vocab_size must be at least 2"),
     (["--model.encoder.d_model", "0"], "model.encoder.d_model must be at least 1, got 0"),
-    (["--model.warmup_steps", "-1"], "model.warmup_steps must be >= 0"),
+    (["--model.schedule.warmup_steps", "-1"], "model.schedule.warmup_steps must be >= 0"),
     (["--data.sample_rate", "0"], "sample_rate must be at least 4000 Hz, got 0"),
     (["--data.max_batch_seconds", "0"], "data.max_batch_seconds must be > 0"),
     (["--trainer.max_epochs", "-5"], "`max_epochs` must be a non-negative integer or -1"),

@@ -151,7 +151,7 @@ def test_real_1h_cpu_recipe_trains_end_to_end_on_the_bundled_corpus(tmp_path):
 def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(tmp_path, monkeypatch):
     """A run of endless epochs bounded by 40 s, on a clock each training step moves by 1 s (Lightning's Timer reads
     it, and the schedule reads the Timer): it stops after 40 steps, whatever this CPU's speed, and its logged lr
-    rises over a short warm-up, then only falls, to near the floor (lr * min_lr_ratio) by the last step.
+    rises over a short warm-up, then only falls, to near the floor (lr * schedule.min_lr_ratio) by the last step.
     max_steps 200 only stops a run whose time bound broke."""
     clock = [0.0]
     monkeypatch.setattr(lightning_timer, "time", SimpleNamespace(monotonic=lambda: clock[0]))
@@ -164,7 +164,7 @@ def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(t
     monkeypatch.setattr(ASRModule, "on_train_batch_start", one_second_a_step)
     cli = main(["--trainer.max_time", "00:00:00:40", "--trainer.max_epochs", "-1", "--trainer.max_steps", "200",
                 "--trainer.log_every_n_steps", "1", "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2",
-                "--model.encoder.n_layers", "2", "--model.warmup_steps", "10", "--data.tokenizer_type", "char",
+                "--model.encoder.n_layers", "2", "--model.schedule.warmup_steps", "10", "--data.tokenizer_type", "char",
                 *CHAR_FRAMES, "--test", "false", "--data.num_workers", "0", "--trainer.precision", "32-true",
                 "--trainer.limit_val_batches", "2",  # validation is not what this run checks
                 "--data.on_bad_line", "skip",  # two of data/mini's fastest lines are too short for char CTC
@@ -173,7 +173,7 @@ def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(t
     lrs = [float(r["lr-AdamW"]) for r in metrics(run) if r.get("lr-AdamW")]
     model = yaml.safe_load((run / "config.yaml").read_text())["model"]  # the run's resolved peak lr and floor
     peak = model["optimizer"]["init_args"]["lr"]
-    floor = peak * model["min_lr_ratio"]
+    floor = peak * model["schedule"]["min_lr_ratio"]
     assert cli.trainer.global_step == len(lrs) == 40
     assert max(lrs) > 0.8 * peak
     after_warmup = lrs[10:]

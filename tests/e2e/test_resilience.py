@@ -30,7 +30,7 @@ from tests.faults import signal_at
 from tests.servers import free_port
 
 SMALL = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-         "--model.warmup_steps", "2", "--data.max_batch_seconds", "8"]
+         "--model.schedule.warmup_steps", "2", "--data.max_batch_seconds", "8"]
 # no randomness left after the seed: a resumed run must then repeat the uninterrupted one exactly
 DETERMINISTIC = ["--model.encoder.dropout", "0", "--model.encoder.attention_dropout", "0",
                  "--model.spec_augment", "null",

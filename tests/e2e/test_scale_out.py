@@ -30,7 +30,7 @@ from tests.decoded import own_transcripts
 SECONDS = 1.3  # every utterance is padded to this, so batches hold a fixed count
 DETERMINISTIC = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
                  "--model.encoder.dropout", "0", "--model.encoder.attention_dropout", "0",
-                 "--model.spec_augment", "null", "--model.warmup_steps", "1", "--data.speed_perturb", "[1.0]",
+                 "--model.spec_augment", "null", "--model.schedule.warmup_steps", "1", "--data.speed_perturb", "[1.0]",
                  *NO_AUGMENTATION,
                  "--data.shuffle", "false", "--data.num_workers", "0", "--trainer.precision", "32-true",
                  # SGD: the update is the gradient itself. Adam would turn the ~1e-10 rounding noise of
@@ -150,7 +150,7 @@ def test_fsdp_bf16_checkpointing_clipping_trains_transcribes_and_resumes_under_d
     levers = ["--trainer.precision", "bf16-mixed", "--model.checkpoint_every", "1", "--trainer.gradient_clip_val", "1.0",
               "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
               "--data.num_workers", "0",
-              "--model.warmup_steps", "1", "--data.max_batch_seconds", str(4 * SECONDS)]
+              "--model.schedule.warmup_steps", "1", "--data.max_batch_seconds", str(4 * SECONDS)]
     run = fit(tmp_path / "fsdp", corpus, "--config", "configs/strategy/fsdp.yaml", *levers, "--trainer.max_epochs", "4",
               "--trainer.strategy.init_args.save_distributed_checkpoint", "false")
     losses, last = step_losses(run), run / "checkpoints" / "last.ckpt"
@@ -253,7 +253,7 @@ def test_cpu_machine_rejects_fp16_from_the_command_line_without_a_traceback():
 @pytest.mark.parametrize("precision", ["bf16-true", "32-true"])
 def test_other_precisions_train_and_transcribe(precision, corpus, tmp_path):
     run = fit(tmp_path, corpus, "--trainer.precision", precision, "--model.encoder.d_model", "64",
-              "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2", "--model.warmup_steps", "1",
+              "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2", "--model.schedule.warmup_steps", "1",
               "--data.max_batch_seconds", str(4 * SECONDS),
               "--data.num_workers", "0", "--trainer.max_epochs", "3")
     losses = step_losses(run)

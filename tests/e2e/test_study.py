@@ -71,7 +71,7 @@ def tiny(tmp_path_factory) -> list[str]:
     validation loss rises after a minimum) within 16 steps and the fit and the answer have trials to use."""
     tmp = tmp_path_factory.mktemp("data")
     dev, test = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 12), slice_manifest(MINI / "test.jsonl", tmp / "test.jsonl", 12)
-    fit_args = ["--model.encoder.n_heads", "2", "--model.warmup_steps", "4", "--trainer.log_every_n_steps", "4",
+    fit_args = ["--model.encoder.n_heads", "2", "--model.schedule.warmup_steps", "4", "--trainer.log_every_n_steps", "4",
                 "--model.inter_ctc", "0",  # the default run's intermediate CTC needs a middle block: 2+ layers
                 "--model.optimizer.init_args.lr", "0.05",
                 *CHAR_FRAMES,  # the default run's 40 ms front end, with which these 16 steps were tuned

@@ -14,7 +14,7 @@ import yaml
 
 from asr.audio import load_audio
 from asr.train import fit
-from asr.train.legacy import group_config, group_settings
+from asr.train.legacy import current_flags, group_config, group_settings
 from asr.train.module import ASRModule
 from tests import MINI
 
@@ -86,6 +86,22 @@ def printed_config(*args: str) -> dict:
     with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out, mock.patch.object(sys, "argv", ["asr.fit"]):
         fit.main([*args, "--print_config"])
     return yaml.safe_load(out.getvalue())
+
+
+def test_the_schedules_flat_settings_of_a_checkpoint_a_config_and_a_command_line_are_read_grouped(tmp_path):
+    """Until the schedule was grouped, its settings were flat beside grouped ones (model.warmup_steps beside
+    model.encoder): a checkpoint, a run's config.yaml and the flags written so still train and load as they did."""
+    hyper_parameters = {"encoder": {"d_model": 32}, "warmup_steps": 7, "warmup_share": 0.5, "min_lr_ratio": 0.1}
+    schedule = ASRModule.settings(hyper_parameters)["schedule"]
+    assert (schedule.warmup_steps, schedule.warmup_share, schedule.min_lr_ratio) == (7, 0.5, 0.1)
+    assert ASRModule.settings({"encoder": {"d_model": 32}})["schedule"].warmup_steps == 200  # the default then
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  encoder:\n    d_model: 64\n  warmup_steps: 9\n  min_lr_ratio: 0.2\n")
+    model = printed_config("--config", str(config), "--model.warmup_share", "0.6")["model"]
+    assert model["schedule"] == {"warmup_steps": 9, "warmup_share": 0.6, "min_lr_ratio": 0.2}
+    assert model["encoder"]["d_model"] == 64 and "warmup_steps" not in model
+    assert current_flags(["--model.warmup_steps=3", "--model.encoder.d_model", "8"]) == [
+        "--model.schedule.warmup_steps=3", "--model.encoder.d_model", "8"]
 
 
 def test_old_module_names_of_saved_class_paths_import_the_moved_modules():

@@ -17,7 +17,7 @@ from asr.data.batch import Batch
 from asr.models.objectives import ctc_loss
 from asr.specaugment import SpecAugmentConfig
 from asr.train.module import ASRModule, any_nonfinite, error_counts
-from asr.train.schedule import WarmupCosine
+from asr.train.schedule import ScheduleConfig, WarmupCosine
 from tests.conftest import encoder as tiny_encoder, flat_hyper_parameters, old_weight_names, save_checkpoint
 
 
@@ -127,14 +127,14 @@ def run_for_time(model, seconds: float, tick: float) -> list[float]:
 
 def test_a_run_bounded_by_max_time_leaves_a_long_warmup_by_its_share_of_the_time(char_tokenizer):
     """1,000 warm-up steps, but this machine makes 10 in the time: warm-up ends at 30% of it, batch 3."""
-    lrs = run_for_time(module(char_tokenizer, warmup_steps=1000, warmup_share=0.3, min_lr_ratio=0.1), 100.0, 10.0)
+    lrs = run_for_time(module(char_tokenizer, schedule=ScheduleConfig(1000, 0.3, 0.1)), 100.0, 10.0)
     expected = [1e-3 * min(1.0, max((k + 1) / 1000, 10 * k / 30)) * cosine(10 * k / 100, 0.1) for k in range(10)]
     assert lrs == pytest.approx(expected) and max(lrs) > 0.7e-3
 
 
 def test_a_run_bounded_by_max_time_anneals_its_lr_to_the_floor_when_the_time_is_up(char_tokenizer):
     """10 batches of 10 s under max_time 100 s, endless epochs: batch k's lr is the cosine at (10 k / 100)."""
-    model = module(char_tokenizer, warmup_steps=2, min_lr_ratio=0.1)
+    model = module(char_tokenizer, schedule=ScheduleConfig(warmup_steps=2, min_lr_ratio=0.1))
     lrs = run_for_time(model, 100.0, 10.0)
     peak = 1e-3  # AdamW's default lr
     expected = [peak * min(1.0, (k + 1) / 2) * cosine(10 * k / 100, 0.1) for k in range(10)]

@@ -12,7 +12,7 @@ import sys
 # command -> (module whose run() runs it and exits with its status, what it does)
 COMMANDS = {
     "fit": ("asr.fit", "train a model (LightningCLI), or to a budget; plan a GPU run to GPU-hours"),
-    "transcribe": ("asr.transcribe", "transcribe audio files, folders or manifests"),
+    "transcribe": ("asr.inference.transcribing", "transcribe audio files, folders or manifests"),
     "serve": ("asr.inference.serve", "live transcription over WebSocket (a streaming model)"),
     "average": ("asr.tools.average", "average the weights of checkpoints"),
     "export": ("asr.tools.export", "a torch.export .pt2 for serving"),

@@ -22,7 +22,7 @@ import torch
 
 from asr.data.nonspeech import KINDS, clip, uniform
 from asr.inference.focus import SECOND_PASS
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 
 
 def write_clips(folder: Path, per_kind: int, rates: tuple[int, ...], seed: int,

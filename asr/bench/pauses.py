@@ -26,7 +26,7 @@ from asr.data.manifest import ManifestError, Utterance
 from asr.data.nonspeech import KINDS, clip
 from asr.data.sources import ManifestSource
 from asr.inference.focus import SECOND_PASS
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.scoring import score
 
 ALONE = "alone"  # the row of the speech as the manifest gives it

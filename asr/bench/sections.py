@@ -21,7 +21,7 @@ from asr.bench.steps import build, fastest, lightning_times, passes, plain_step,
 from asr.data.batch import Batch
 from asr.data.module import ASRDataModule
 from asr.hardware import emulates_bf16
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.models.ctc import CTCModel
 from asr.train import cost
 

@@ -56,7 +56,7 @@ from asr.atomic import write_atomically
 from asr.audio import load_audio, resample
 from asr.configs import CONFIGS
 from asr.data.manifest import Utterance, parse_manifest
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.models.streaming import algorithmic_latency
 from asr.scoring import score
 

@@ -42,7 +42,7 @@ from asr.audio import StreamResampler
 from asr.hardware import usable_cores
 from asr.inference.batched import feed_together
 from asr.inference.streaming import ENDPOINT_SECONDS, Session, Update
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 
 PORT = 2700  # the default port (Vosk's; sherpa's servers take 6006)
 START_SECONDS = 10.0  # a connection that has not sent its start message by then is closed

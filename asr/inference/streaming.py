@@ -1,5 +1,5 @@
 """Live transcription: audio pieces in, partial and final results out, with a streaming model's caches carried
-between chunks. ``Transcriber.stream`` and ``Transcriber.open_stream`` (asr.inference.transcribe) are the API:
+between chunks. ``Transcriber.stream`` and ``Transcriber.open_stream`` (asr.inference.transcriber) are the API:
 
     t = Transcriber.from_checkpoint("runs/demo-streaming/version_0/checkpoints/last.ckpt")
     for update in t.stream(pieces):      # pieces: float32 arrays at t.sample_rate, of any length
@@ -41,7 +41,7 @@ from asr.models import streaming
 from asr.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from asr.inference.transcribe import Transcriber
+    from asr.inference.transcriber import Transcriber
 
 ENDPOINT_SECONDS = 1.0  # silent frames after a token that end a segment (WeNet's runtime's rule for speech decoded)
 MAX_SEGMENT_SECONDS = 30.0  # a segment without such a pause is cut at its best pause past this (longform's chunk)

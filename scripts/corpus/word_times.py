@@ -31,7 +31,7 @@ import torch
 import scripts.corpus.synthesizers as synthesizers
 
 from asr.data.augment import pink_noise  # noqa: E402
-from asr.inference.transcribe import Transcriber  # noqa: E402
+from asr.inference.transcriber import Transcriber  # noqa: E402
 
 WORDS = ("one two three four five six seven eight nine zero oh call dial enter number go stop yes no help").split()
 VOICES = [("flite", v) for v in ("kal", "slt", "rms", "awb")] + [

@@ -36,7 +36,7 @@ def test_quick_measures_every_section_on_a_tiny_checkpoint(corpus, char_tokenize
 
 def test_a_chunk_that_is_not_whole_frames_is_skipped_and_said(char_tokenizer, capsys):
     from asr.inference.acoustic import CheckpointModel
-    from asr.inference.transcribe import Transcriber
+    from asr.inference.transcriber import Transcriber
 
     transcriber = Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
     assert streaming.chunk_frames_of(transcriber, (0.16, 0.1)) == [(0.16, 4)]

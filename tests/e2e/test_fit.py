@@ -19,7 +19,7 @@ import torch
 
 from asr.bench.nonspeech import write_clips
 from asr.configs import CONFIGS
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.train.fit import main
 from asr.train.module import ASRModule
 from tests import MINI, REPO

@@ -18,7 +18,7 @@ import torch
 from pytorch_lightning.strategies import DDPStrategy
 
 from asr.checkpoint import merge
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.tokenizer import Tokenizer
 from asr.tools.convert import convert
 from asr.train.fit import ConfigError, build, check_hardware

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asr.checkpoint import merge
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.train.fit import main
 from asr.train.module import ASRModule
 from tests import MINI

@@ -8,7 +8,7 @@ import torch
 
 from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import advance_streams, feed_together
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.models import streaming
 from tests.streams import RATE, ToneStream, batch_sizes, speech_and_pauses, streaming_module
 

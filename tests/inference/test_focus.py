@@ -16,7 +16,7 @@ import pytest
 import soundfile
 import torch
 
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.tokenizer import BLANK_ID
 from tests.tones import FRAME, RATE, TONE, ToneModel, tones
 

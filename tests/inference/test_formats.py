@@ -12,7 +12,7 @@ import pytest
 from asr.inference.formats import FORMATS, Format, get_format, timestamp
 from asr.inference.output import OutputDir
 from asr.inference.result import Result, Word
-from asr.transcribe import parse_args
+from asr.inference.transcribing import parse_args
 
 
 def test_subtitles_have_valid_srt_and_webvtt_syntax():

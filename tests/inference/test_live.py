@@ -17,8 +17,8 @@ import torch
 
 from asr.audio import resample
 from asr.inference.live import paced, pcm_pieces
-from asr.inference.transcribe import Transcriber
-from asr.transcribe import main
+from asr.inference.transcriber import Transcriber
+from asr.inference.transcribing import main
 from tests.conftest import save_checkpoint
 from tests.streams import RATE, speech_and_pauses, streaming_module
 

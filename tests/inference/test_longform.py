@@ -22,7 +22,7 @@ from asr.data import manifest as mf
 from asr.inference.acoustic import load_model
 from asr.inference.longform import chunk_starts, segments, stitched
 from asr.inference.result import hops_per_frame, loudness
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.models.ctc_decoding import blank_cut, greedy
 from asr.models.objectives import CTC
 from asr.tokenizer import BLANK_ID

@@ -23,7 +23,7 @@ from asr.inference import serve
 from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import feed_together
 from asr.inference.serve import StreamServer
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from tests import REPO
 from tests.conftest import save_checkpoint
 from tests.streams import RATE, batch_sizes, speech_and_pauses, streaming_module

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asr.inference.acoustic import CheckpointModel
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.tokenizer import BLANK_ID
 from tests.streams import RATE, ToneStream, speech_and_pauses, streaming_module
 from tests.tones import FRAME, ToneModel, tones

@@ -16,9 +16,9 @@ import pytest
 import soundfile
 import torch
 
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.tokenizer import BLANK_ID
-from asr.transcribe import main
+from asr.inference.transcribing import main
 from tests.tones import ToneModel
 
 

@@ -19,8 +19,8 @@ import pytest
 import soundfile
 import torch
 
-from asr.inference.transcribe import Transcriber, TranscriptionError
-from asr.transcribe import main
+from asr.inference.transcriber import Transcriber, TranscriptionError
+from asr.inference.transcribing import main
 from tests.conftest import sine
 
 

@@ -13,11 +13,11 @@ import itertools
 import pytest
 import torch
 
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.models.transducer_decoding import TransducerDecoding, merge
 from asr.models.transducer_objectives import Hybrid, Transducer
 from asr.tokenizer import BLANK_ID
-from asr.transcribe import main
+from asr.inference.transcribing import main
 from asr.train.module import ASRModule
 from tests.conftest import encoder, save_checkpoint
 from tests.models.test_transducer import CONFIG, tiny_transducer

@@ -227,7 +227,7 @@ def test_compiled_conformer_blocks_compute_what_eager_blocks_compute(tiny_model,
 def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(tmp_path):
     """2 processes on gloo, FSDP2 fully_shard per Conformer block (batch norm buffers included), with
     intermediate CTC: forward's middle flag runs through FSDP2's hooks on the sharded root without error."""
-    from asr.inference.transcribe import Transcriber
+    from asr.inference.transcriber import Transcriber
 
     manifest = mini_slice(tmp_path, 32)
     command = [sys.executable, "-m", "asr.fit", "--config", "configs/strategy/fsdp.yaml", *CHAR_FRAMES,

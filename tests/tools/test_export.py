@@ -137,7 +137,7 @@ def test_a_file_whose_weights_would_be_unpickled_is_refused(exports, tmp_path):
 
 
 def test_asr_transcribe_runs_the_exported_file_as_the_checkpoint(exports, write_audio):
-    from asr.inference.transcribe import Transcriber
+    from asr.inference.transcriber import Transcriber
 
     checkpoint, exported_file, _ = exports("mel")
     files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.2, 0.4, 2.1))]
@@ -202,7 +202,7 @@ def version_1_file(checkpoint: Path, path: Path) -> Path:
 
 
 def test_a_file_of_format_version_1_still_transcribes_without_statistics(exports, write_audio, tmp_path):
-    from asr.inference.transcribe import Transcriber
+    from asr.inference.transcriber import Transcriber
 
     checkpoint, _, _ = exports("mel")
     old = load(version_1_file(checkpoint, tmp_path / "v1.pt2"))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from asr.inference.exported import load
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.tokenizer import BLANK_ID
 from asr.tools import export
 from asr.tools.average import AverageError, average, main as average_main

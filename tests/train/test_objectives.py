@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.inference.transcribe import Transcriber
+from asr.inference.transcriber import Transcriber
 from asr.models.ctc import CTCModel
 from asr.models.network import EncoderNetwork
 from asr.models.objectives import CTC, OBJECTIVES, Loss, ctc_loss

@@ -1,7 +1,7 @@
 """The Transcriber: audio files, folders and manifest lines in, ``Result``s out, with a checkpoint written by
-asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr/transcribe.py) is its command line.
+asr.fit (or a .pt2 of asr.export). ``python -m asr.transcribe`` (asr.inference.transcribing) is its command line.
 
-    from asr.inference.transcribe import Transcriber
+    from asr.transcribe import Transcriber          # or from asr.inference.transcriber
     t = Transcriber.from_checkpoint("last.ckpt")
     t.transcribe(["a.flac", "b.wav"])                # -> ["text a", "text b"]
     t.transcribe_results(["a.flac"])[0].words         # -> [Word("call", 0.32, 0.56, 0.97), ...]

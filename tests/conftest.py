@@ -26,11 +26,11 @@ if "ASR_CACHE_DIR" not in os.environ:  # made once (xdist workers and subprocess
     os.environ["ASR_CACHE_DIR"] = tempfile.mkdtemp(prefix="asr-test-cache-")
     atexit.register(shutil.rmtree, os.environ["ASR_CACHE_DIR"], ignore_errors=True)
 
-from asr.audio import FeatureConfig
 from asr.data.augment import Augmentation
 from asr.hardware import usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.models.features import FeatureConfig
 from asr.tokenizer import Tokenizer
 from tests.tones import RATE, tones
 

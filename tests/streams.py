@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from asr.audio import FeatureConfig
+from asr.models.features import FeatureConfig
 from asr.tokenizer import Tokenizer
 from tests.conftest import encoder
 from tests.tones import FRAME, ToneModel

@@ -4,8 +4,9 @@ import soundfile
 import torch
 import torchaudio.functional as AF
 
-from asr.audio import AudioError, FeatureConfig, FeatureExtractor, fast_fft_length, load_audio, resample
-from asr.specaugment import SpecAugment, SpecAugmentConfig
+from asr.audio import AudioError, fast_fft_length, load_audio, resample
+from asr.models.features import FeatureConfig, FeatureExtractor
+from asr.models.specaugment import SpecAugment, SpecAugmentConfig
 
 
 def features(sample_rate: int, kind: str = "auto", norm: str = "bin") -> FeatureExtractor:

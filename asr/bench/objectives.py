@@ -26,10 +26,10 @@ from unittest import mock
 import torch
 import yaml
 
-from asr.audio import FeatureConfig
 from asr.configs import CONFIGS
 from asr.data.batch import Batch
 from asr.models.config import EncoderConfig
+from asr.models.features import FeatureConfig
 from asr.models.objectives import objective_class
 from asr.models.transducer import TransducerConfig
 from asr.train import fit

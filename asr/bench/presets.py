@@ -23,10 +23,10 @@ from unittest import mock
 import torch
 import yaml
 
-from asr.audio import HOP_SECONDS, FeatureConfig
 from asr.configs import CONFIGS
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.models.features import HOP_SECONDS, FeatureConfig
 from asr.train import fit
 from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
 

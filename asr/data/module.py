@@ -18,7 +18,6 @@ from typing import Literal
 import pytorch_lightning as pl
 from pytorch_lightning.utilities import rank_zero_info
 
-from asr.audio import FeatureConfig
 from asr.data import manifest as mf
 from asr.data.augment import Augmentation, Augmenter
 from asr.data.dataset import ASRDataset, AudioCache, as_collated, random_voice
@@ -26,11 +25,12 @@ from asr.data.faults import DataFaults
 from asr.data.sampler import BucketBatchSampler, ResumableLoader
 from asr.data.shard_run import check_partition, check_shard_settings, shard_list, shards_tokenizer, stream_loader
 from asr.data.shards import ShardIndex
-from asr.data.stream_loader import StreamLoader
 from asr.data.sources import Source, source_for
+from asr.data.stream_loader import StreamLoader
 from asr.data.workers import end_data_workers_at_exit, init_data_worker
 from asr.hardware import AUTO, Auto, data_workers, usable_cores
 from asr.models.config import EncoderConfig
+from asr.models.features import FeatureConfig
 from asr.models.objectives import objective_class
 from asr.models.subsampling import encoder_frames
 from asr.settings import plain_settings

@@ -56,7 +56,7 @@ class CheckpointModel:
     def log_probs(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """As AcousticModel's; ``statistics`` (B, 2): the samples [start, end) whose frames alone give each
-        utterance's feature statistics (asr.audio.FeatureExtractor)."""
+        utterance's feature statistics (asr.models.features.FeatureExtractor)."""
         statistics = None if statistics is None else statistics.to(self.device)
         log_probs, out_lengths = self.module.model(audio.to(self.device), lengths.to(self.device),
                                                    statistics=statistics)

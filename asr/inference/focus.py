@@ -1,6 +1,6 @@
 """A second pass on the speech the first pass found, for files that hold much non-speech around it.
 
-Each utterance's features are normalised by the mean and variance of its own frames (asr.audio.normalise).
+Each utterance's features are normalised by the mean and variance of its own frames (asr.models.features.normalise).
 Seconds of noise, hum, tones or clicks around the speech move those statistics, the speech is seen at another
 scale than in training, and its words are deleted (a call that opens on a dial tone, a chunk of a long file
 that starts in a pause). The model itself says where the speech is: the frames from its first decoded token to

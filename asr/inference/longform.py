@@ -11,7 +11,7 @@ the whole file would give. The last chunk is pulled back to end at the file's en
 is a full chunk too.
 
 What differs from one pass over the whole file, and why it is small:
-- features are normalised per utterance (asr/audio.py): here per chunk, i.e. over 30 s of
+- features are normalised per utterance (asr/models/features.py): here per chunk, i.e. over 30 s of
   audio by default, which estimates each bin's mean and variance as well as the whole file;
 - positions: the model's sinusoidal positions restart in every chunk, which keeps them in
   the range training saw (training utterances are at most ``data.max_duration`` long);

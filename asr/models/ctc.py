@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
+from asr.models.features import FeatureConfig
 from asr.models.network import EncoderNetwork
-from asr.specaugment import SpecAugment
+from asr.models.specaugment import SpecAugment
 
 
 class CTCModel(EncoderNetwork):

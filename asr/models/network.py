@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from asr.audio import HOP_SECONDS, FeatureConfig, FeatureExtractor, num_frames
 from asr.models.config import EncoderConfig
 from asr.models.encoder import build_encoder
-from asr.specaugment import SpecAugment
+from asr.models.features import HOP_SECONDS, FeatureConfig, FeatureExtractor, num_frames
+from asr.models.specaugment import SpecAugment
 
 
 class EncoderNetwork(nn.Module):

@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.models.ctc_decoding import Decoder, Span, align, blank_cut, blank_frames, greedy, make_decoder
-from asr.specaugment import SpecAugment
+from asr.models.features import FeatureConfig
+from asr.models.specaugment import SpecAugment
 from asr.tokenizer import BLANK_ID, Tokenizer
 
 # --model.objective -> "module:Class", imported only when chosen; a value with a ":" is a class path itself (the

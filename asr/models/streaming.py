@@ -11,7 +11,7 @@ in encoder frames. What each part sees:
 - convolutions (``CausalConvModule``): each depthwise convolution sees its frame and the kernel - 1 before it.
 - subsampling (``CausalSubsampling``): f - 1 zero feature frames in front, so encoder frame j reads feature frames
   f j - f + 1 .. f j + f - 1: its own f and the f - 1 before them; a chunk needs no feature frame after it.
-- features: model.features.norm global (asr.audio): each frame is scaled alone.
+- features: model.features.norm global (asr.models.features): each frame is scaled alone.
 So a stream's algorithmic latency is the chunk, C f x 10 ms, plus what a feature window reaches past its hop
 (15 ms for 25 ms windows, 10 ms for 20 ms ones): ``algorithmic_latency``.
 
@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from asr.audio import HOP_SECONDS
 from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate, rotation
 from asr.models.config import EncoderConfig
 from asr.models.encoder import BlockStack
+from asr.models.features import HOP_SECONDS
 from asr.models.subsampling import Conv2dSubsampling
 
 

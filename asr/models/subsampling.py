@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.audio import num_frames
+from asr.models.features import num_frames
 
 
 def min_frames(factor: int) -> int:

@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
+from asr.models.features import FeatureConfig
 from asr.models.network import EncoderNetwork
-from asr.specaugment import SpecAugment
+from asr.models.specaugment import SpecAugment
 from asr.tokenizer import BLANK_ID
 
 

@@ -24,13 +24,13 @@ import torch
 import torchaudio.functional as AF
 from torch import nn
 
-from asr.audio import FeatureConfig
+from asr.models.features import FeatureConfig
 from asr.models.config import EncoderConfig
 from asr.models.objectives import (CTC, LabelledBatch, Loss, ctc_loss, inter_ctc_weight, with_inter_ctc,
                                    with_middle_block)
+from asr.models.specaugment import SpecAugment
 from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.models.transducer_decoding import TransducerDecoding
-from asr.specaugment import SpecAugment
 from asr.tokenizer import BLANK_ID
 
 

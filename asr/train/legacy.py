@@ -12,9 +12,9 @@ import dataclasses
 import re
 import typing
 
-from asr.audio import FeatureConfig
 from asr.models.config import EncoderConfig
-from asr.specaugment import SpecAugmentConfig
+from asr.models.features import FeatureConfig
+from asr.models.specaugment import SpecAugmentConfig
 from asr.train.schedule import ScheduleConfig
 
 GROUPS = {"features": FeatureConfig, "encoder": EncoderConfig, "spec_augment": SpecAugmentConfig,

@@ -37,16 +37,16 @@ from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_warn
 
-from asr.audio import FeatureConfig
 from asr.checkpoint import merge
 from asr.data.batch import Batch
 from asr.intervals import all_sum, host_step
 from asr.models.config import EncoderConfig
+from asr.models.features import FeatureConfig
 from asr.models.objectives import build_objective
+from asr.models.specaugment import SpecAugment, SpecAugmentConfig
 from asr.models.transducer import TransducerConfig
 from asr.scoring import score
 from asr.settings import plain_settings
-from asr.specaugment import SpecAugment, SpecAugmentConfig
 from asr.tokenizer import Tokenizer
 from asr.train import fsdp
 from asr.train.finetune import FineTune, frozen
@@ -84,9 +84,9 @@ class ASRModule(pl.LightningModule):
         """
         Args:
             tokenizer: linked from data.tokenizer; its vocab_size sets the output layers' width.
-            features: the feature front end (asr.audio.FeatureConfig); its sample_rate is linked from data.sample_rate.
+            features: the feature front end (asr.models.features.FeatureConfig); its sample_rate is linked from data.sample_rate.
             encoder: the encoder's shapes (asr.models.config.EncoderConfig).
-            spec_augment: SpecAugment in training (asr.specaugment.SpecAugmentConfig); null turns it off.
+            spec_augment: SpecAugment in training (asr.models.specaugment.SpecAugmentConfig); null turns it off.
             objective: what training minimises and inference decodes (asr.models.objectives): ctc, transducer (RNN-T),
                 hybrid (the transducer and a CTC head; asr.models.transducer_objectives), or a class path
                 package.module:Class; it is handed the settings below that its constructor names (ctc: inter_ctc;

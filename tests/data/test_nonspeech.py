@@ -10,11 +10,11 @@ import pytest
 import soundfile
 import torch
 
-from asr.audio import FeatureConfig, FeatureExtractor, loud_frames, normalise
 from asr.bench.nonspeech import words_on, write_clips
 from asr.data import nonspeech as ns
 from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augmenter, pause
 from asr.data.module import ASRDataModule
+from asr.models.features import FeatureConfig, FeatureExtractor, loud_frames, normalise
 from asr.train.legacy import BEFORE_THEIR_TIME
 from asr.train.module import ASRModule
 from tests.conftest import PLAIN_DATA, flat_hyper_parameters

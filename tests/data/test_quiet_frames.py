@@ -1,4 +1,4 @@
-"""model.features.quiet_db (asr.audio.quiet_frames): silence around speech left out of the normalisation's statistics."""
+"""model.features.quiet_db (asr.models.features.quiet_frames): silence around speech left out of the normalisation's statistics."""
 
 import math
 from unittest import mock
@@ -6,8 +6,8 @@ from unittest import mock
 import pytest
 import torch
 
-from asr.audio import DB_PER_NEPER, FeatureConfig, FeatureExtractor, normalise, quiet_frames
 from asr.data import nonspeech as ns
+from asr.models.features import DB_PER_NEPER, FeatureConfig, FeatureExtractor, normalise, quiet_frames
 
 RATE = 16000
 QUIET_DB = 6.0  # the default run's
@@ -43,7 +43,7 @@ def test_how_much_silence_surrounds_speech_no_longer_changes_how_the_speech_is_s
     assert (counted[0.5] - counted[4.0]).abs().max() > 1.0  # counted, 3.5 s more of it moved the speech's features
 
 
-@pytest.mark.xfail(strict=True, reason="known: asr.audio.frame_energy averages a batch's padding into a shorter "
+@pytest.mark.xfail(strict=True, reason="known: asr.models.features.frame_energy averages a batch's padding into a shorter "
                    "utterance's last windows, which moves its quiet_db line; the fix changes how the default run trains "
                    "(4 seeds to measure) and undoes the Czech arms' gains (docs/benchmarks.md, 2026-11-27 noon)")
 @pytest.mark.parametrize("kind", ["brown", "pink"])
@@ -74,7 +74,7 @@ def test_a_loud_tone_does_not_move_the_line():
 
 def raw(extract: FeatureExtractor, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log features before normalisation (the extractor with normalise made the identity)."""
-    with mock.patch("asr.audio.normalise", lambda feats, *args: feats):
+    with mock.patch("asr.models.features.normalise", lambda feats, *args: feats):
         return extract(wave[None], torch.tensor([len(wave)]))
 
 

@@ -89,7 +89,7 @@ def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(tra
 def test_a_streaming_transducers_streams_stepped_together_decode_as_alone(char_tokenizer, monkeypatch):
     """The transducer's greedy search decodes each stream's own frames: three streams joining at rounds 0, 1 and 3
     get the Updates they get alone."""
-    from asr.audio import FeatureConfig
+    from asr.models.features import FeatureConfig
     from tests.conftest import encoder
     from asr.train.module import ASRModule
 

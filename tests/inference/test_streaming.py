@@ -142,7 +142,7 @@ def test_a_chunk_is_whole_frames_of_the_model(streaming_transcriber):
 def test_a_streaming_transducer_decodes_the_token_ids_of_the_whole_file(char_tokenizer, objective):
     """Decoding goes through the model's objective: a streaming transducer's (and the hybrid's) stream gives the
     token ids of greedy search over the whole file's frames at the same chunk."""
-    from asr.audio import FeatureConfig
+    from asr.models.features import FeatureConfig
     from tests.conftest import encoder
     from asr.train.module import ASRModule
 

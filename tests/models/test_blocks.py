@@ -4,9 +4,9 @@ and the settings a block refuses."""
 import pytest
 import torch
 
-from asr.audio import FeatureConfig
 from asr.models.blocks import BLOCKS, LOCAL_BLOCK, ConvModule, TransformerBlock, attention, attention_mask, dropout, rotate, self_attention
 from asr.models.ctc import CTCModel
+from asr.models.features import FeatureConfig
 from tests.conftest import encoder
 
 BLOCK_TYPES = list(BLOCKS)

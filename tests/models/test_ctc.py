@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.audio import FeatureConfig, num_frames
 from asr.configs import CONFIGS
 from asr.models.blocks import BLOCKS
 from asr.models.ctc import CTCModel
 from asr.models.ctc_decoding import greedy
+from asr.models.features import FeatureConfig, num_frames
 from asr.models.objectives import ctc_loss
 from asr.models.subsampling import subsampled_lengths
 from tests import MINI, REPO
-from tests.conftest import encoder
 from tests.cli import CHAR_FRAMES
+from tests.conftest import encoder
 
 
 BLOCK_TYPES = list(BLOCKS)

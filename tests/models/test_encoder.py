@@ -4,10 +4,10 @@ FSDP's units get, chosen by model.encoder.block; any other value builds today's 
 import torch
 from torch import nn
 
-from asr.audio import FeatureConfig
 from asr.models import encoder as enc
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
+from asr.models.features import FeatureConfig
 
 
 class Linear(nn.Module):

@@ -1,16 +1,16 @@
 """asr.models.streaming: a streaming encoder's chunks see no further than they say, a stream in pieces gives the
 frames of the whole file, its caches keep their size, and training draws its chunk per batch; global feature
-normalisation (asr.audio, norm "global") learns in training and scales each frame alone."""
+normalisation (asr.models.features, norm "global") learns in training and scales each frame alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from asr.audio import FeatureConfig, FeatureExtractor
 from asr.models import streaming
 from asr.models.ctc import CTCModel
 from asr.models.encoder import build_encoder
+from asr.models.features import FeatureConfig, FeatureExtractor
 from tests.conftest import encoder, save_checkpoint
 
 

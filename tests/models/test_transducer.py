@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr.audio import FeatureConfig
+from asr.models.features import FeatureConfig
 from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.tokenizer import BLANK_ID
 from tests.conftest import encoder

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.audio import FeatureConfig
+from asr.models.features import FeatureConfig
 from asr.inference.exported import METADATA_FILE, TOKENIZER_FILE, ExportedModel, ExportedModelV1, is_exported, load
 from asr.models.ctc_decoding import greedy
 from asr.tools import export
@@ -75,7 +75,7 @@ def test_exported_model_transcribes_as_the_checkpoint_on_varied_batches(exports,
 
 LOAD_WITHOUT_TRAINING_CODE = """
 import json, sys
-for name in ("asr.models.ctc", "asr.train.module", "asr.audio", "asr.data.module", "pytorch_lightning", "lightning", "torchaudio"):
+for name in ("asr.models.ctc", "asr.models.features", "asr.train.module", "asr.audio", "asr.data.module", "pytorch_lightning", "lightning", "torchaudio"):
     sys.modules[name] = None  # any import of these now fails
 import torch
 from asr.inference.exported import load

@@ -12,9 +12,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from asr.audio import FeatureConfig
 from asr.data.batch import Batch
 from asr.models.ctc import CTCModel
+from asr.models.features import FeatureConfig
 from asr.models.transducer import TransducerConfig, TransducerModel
 from asr.tokenizer import Tokenizer
 from asr.train import cost

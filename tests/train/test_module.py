@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import LambdaCallback, Timer
 from torch.utils.data import DataLoader
 
-from asr.audio import FeatureConfig
 from asr.data.batch import Batch
+from asr.models.features import FeatureConfig
 from asr.models.objectives import ctc_loss
-from asr.specaugment import SpecAugmentConfig
+from asr.models.specaugment import SpecAugmentConfig
 from asr.train.module import ASRModule, any_nonfinite, error_counts
 from asr.train.schedule import ScheduleConfig, WarmupCosine
 from tests.conftest import encoder as tiny_encoder, flat_hyper_parameters, old_weight_names, save_checkpoint

@@ -13,13 +13,13 @@ import sys
 COMMANDS = {
     "fit": ("asr.fit", "train a model (LightningCLI), or to a budget; plan a GPU run to GPU-hours"),
     "transcribe": ("asr.inference.transcribing", "transcribe audio files, folders or manifests"),
-    "serve": ("asr.inference.serve", "live transcription over WebSocket (a streaming model)"),
-    "average": ("asr.tools.average", "average the weights of checkpoints"),
-    "export": ("asr.tools.export", "a torch.export .pt2 for serving"),
-    "convert": ("asr.tools.convert", "a sharded checkpoint folder -> one .ckpt"),
+    "serve": ("asr.inference.serving", "live transcription over WebSocket (a streaming model)"),
+    "average": ("asr.tools.averaging", "average the weights of checkpoints"),
+    "export": ("asr.tools.exporting", "a torch.export .pt2 for serving"),
+    "convert": ("asr.tools.converting", "a sharded checkpoint folder -> one .ckpt"),
     "study": ("asr.study.run", "the scaling study: which model size trains fastest"),
     "bench": ("asr.bench.suite", "the benchmark suite"),
-    "shard": ("asr.tools.shard", "manifests -> Lhotse Shar shards, a tokenizer and an index, for large corpora"),
+    "shard": ("asr.tools.sharding", "manifests -> Lhotse Shar shards, a tokenizer and an index, for large corpora"),
     "import": ("asr.tools.import_corpus", "LibriSpeech, Common Voice or Kaldi folders -> manifests"),
     "build-lm": ("asr.tools.build_lm", "an n-gram LM for beam search"),
 }

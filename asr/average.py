@@ -1,6 +1,6 @@
-"""``python -m asr.average`` (also ``asr average``): the command lives in asr.tools.average."""
+"""``python -m asr.average`` (also ``asr average``): the command lives in asr.tools.averaging."""
 
-from asr.tools.average import run
+from asr.tools.averaging import run
 
 if __name__ == "__main__":
     run()

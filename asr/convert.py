@@ -1,6 +1,6 @@
-"""``python -m asr.convert`` (also ``asr convert``): the command lives in asr.tools.convert."""
+"""``python -m asr.convert`` (also ``asr convert``): the command lives in asr.tools.converting."""
 
-from asr.tools.convert import run
+from asr.tools.converting import run
 
 if __name__ == "__main__":
     run()

@@ -1,6 +1,6 @@
-"""``python -m asr.export`` (also ``asr export``): the command lives in asr.tools.export."""
+"""``python -m asr.export`` (also ``asr export``): the command lives in asr.tools.exporting."""
 
-from asr.tools.export import run
+from asr.tools.exporting import run
 
 if __name__ == "__main__":
     run()

@@ -1,4 +1,4 @@
-"""``python -m asr.fit`` (also ``asr fit``): the command lives in asr.train.fit; with ``--budget_gpu_hours`` it
+"""``python -m asr.fit`` (also ``asr fit``): the command lives in asr.train.fitting; with ``--budget_gpu_hours`` it
 plans a GPU run instead (asr.study.plan, which counts the presets' FLOPs: above the training layer)."""
 
 import sys
@@ -10,7 +10,7 @@ def run() -> None:
 
         plan()
     else:
-        from asr.train.fit import run as fit
+        from asr.train.fitting import run as fit
 
         fit()
 

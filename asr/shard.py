@@ -1,6 +1,6 @@
-"""``python -m asr.shard`` (also ``asr shard``): the command lives in asr.tools.shard."""
+"""``python -m asr.shard`` (also ``asr shard``): the command lives in asr.tools.sharding."""
 
-from asr.tools.shard import run
+from asr.tools.sharding import run
 
 if __name__ == "__main__":
     run()

@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 
 from asr.data.augment import Augmentation
-from asr.train.fit import run as fit_command
+from asr.train.fitting import run as fit_command
 
 # Every waveform augmentation off (the default run turns several on): no randomness in the data,
 # so that a resumed or a distributed run can be compared with an uninterrupted single-process one.

@@ -18,14 +18,14 @@ from asr.data.shard_run import check_by_steps, shards_tokenizer
 from asr.data.shards import EndlessShards, ShardIndex
 from asr.data.stream_loader import Watch
 from asr.inference.output import open_sink
-from asr.tools import shard as shard_command
+from asr.tools import sharding as shard_command
 from asr.train.finetune import FineTune
 from asr.train.init_from import check_selection
 from tests.conftest import row
 from tests.data.test_shards import mini
 from tests.test_docs import COMMAND, accepts, flags, home
 
-SHARD, FIT, TRANSCRIBE = "asr.tools.shard", "asr.train.fit", "asr.transcribe"
+SHARD, FIT, TRANSCRIBE = "asr.tools.sharding", "asr.train.fitting", "asr.transcribe"
 
 
 def advised(message: str, command: str) -> list[tuple[str, str]]:

@@ -17,9 +17,9 @@ from unittest import mock
 import pytest
 import yaml
 from asr.configs import CONFIGS
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 from asr.models.config import EncoderConfig
-from asr.train.fit import TRAINER_DEFAULTS, Trainer, main
+from asr.train.fitting import TRAINER_DEFAULTS, Trainer, main
 from asr.train.module import ASRModule
 
 SHIPPED = sorted(p.relative_to(CONFIGS).as_posix() for kind in ("recipes", "model", "data", "strategy")

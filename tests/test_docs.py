@@ -120,7 +120,7 @@ def code_files() -> frozenset[str]:
 
 
 def resolves(name: str) -> bool:
-    """``name`` is a module, or a name inside one (asr.tools.export.load)."""
+    """``name`` is a module, or a name inside one (asr.tools.exporting.load)."""
     parts = name.split(".")
     for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])

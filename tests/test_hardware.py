@@ -15,7 +15,7 @@ from asr.train import cost, precision
 
 from asr import hardware
 from asr.hardware import choose_precision, cpu_threads, data_workers, resolve_precision
-from asr.train.fit import ConfigError, Trainer, build, main
+from asr.train.fitting import ConfigError, Trainer, build, main
 
 FAST_BF16 = {"32-true": 0.30, "bf16-mixed": 0.12}  # seconds a step: a model that bf16 speeds up (a preset on AMX)
 SLOW_BF16 = {"32-true": 0.055, "bf16-mixed": 0.064}  # the default model on a Xeon with AMX (DESIGN.md, 2026-11-28)

@@ -31,7 +31,7 @@ from unittest import mock
 import pytorch_lightning as pl
 import torch
 
-from asr.train import fit
+from asr.train import fitting
 from asr.train.fsdp import remove
 
 WAYS = (("full file, rank 0 gathers", False, False), ("sharded folder", True, False),
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if "LOCAL_RANK" in os.environ:  # one of torchrun's processes
         with mock.patch.object(sys, "argv", sys.argv[:1]):  # asr.fit's parser is given its arguments
-            fit.main(fit_args(args.config, args.rounds, args.out))
+            fitting.main(fit_args(args.config, args.rounds, args.out))
         return
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", MODULE,

@@ -13,7 +13,7 @@ import time
 import torch
 
 from asr.data.augment import Augmentation
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 
 
 def measure(data: ASRDataModule, batches: int) -> tuple[float, float, float]:

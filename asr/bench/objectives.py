@@ -32,7 +32,7 @@ from asr.models.config import EncoderConfig
 from asr.models.features import FeatureConfig
 from asr.models.objectives import objective_class
 from asr.models.transducer import TransducerConfig
-from asr.train import fit
+from asr.train import fitting
 
 PRESETS = {"demo": [], "small": [CONFIGS / "model" / "small.yaml"]}  # the default run, and small on it
 OBJECTIVES = ("ctc", "transducer", "hybrid")
@@ -42,7 +42,7 @@ def resolved(configs: list, fit_args: list[str]) -> dict:
     """asr.fit's resolved config (its --print_config) of ``configs`` and ``fit_args``."""
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit), \
             mock.patch.object(sys, "argv", sys.argv[:1]):  # this command's own flags are not asr.fit's
-        fit.main([arg for config in configs for arg in ("--config", str(config))] + fit_args + ["--print_config"])
+        fitting.main([arg for config in configs for arg in ("--config", str(config))] + fit_args + ["--print_config"])
     return yaml.safe_load(out.getvalue())
 
 

@@ -27,7 +27,7 @@ from asr.configs import CONFIGS
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.models.features import HOP_SECONDS, FeatureConfig
-from asr.train import fit
+from asr.train import fitting
 from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
 
 HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
@@ -39,7 +39,7 @@ def model_of(*configs: Path, device: str = "meta", checkpoint_every: int = 0) ->
     data.tokenizer_vocab_size."""
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit), \
             mock.patch.object(sys, "argv", sys.argv[:1]):  # this command's own flags are not asr.fit's
-        fit.main([arg for config in configs for arg in ("--config", str(config))] + ["--print_config"])
+        fitting.main([arg for config in configs for arg in ("--config", str(config))] + ["--print_config"])
     config = yaml.safe_load(out.getvalue())
     model, data = config["model"], config["data"]
     features = FeatureConfig(data["sample_rate"], **model["features"])

@@ -49,7 +49,7 @@ from asr.bench.steps import build as build_cli
 from asr.bench.steps import plain_step
 from asr.data.batch import Batch
 from asr.tokenizer import Tokenizer
-from asr.train.fit import ASRCLI
+from asr.train.fitting import ASRCLI
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TEXT = "call five two nine enter number oh seven go left erase three repeat stop"

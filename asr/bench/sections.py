@@ -19,7 +19,7 @@ import torch
 from asr.bench.corpus import padding_fraction, random_batches
 from asr.bench.steps import build, fastest, lightning_times, passes, plain_step, plain_times
 from asr.data.batch import Batch
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 from asr.hardware import emulates_bf16
 from asr.inference.transcriber import Transcriber
 from asr.models.ctc import CTCModel

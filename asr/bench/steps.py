@@ -1,6 +1,6 @@
 """What asr.bench and asr.bench.scaling time: the product's own model, data, trainer and training step.
 
-``build(preset, *overrides)`` is ``python -m asr.fit --config configs/model/<preset>.yaml OVERRIDES`` up to the point where it would fit (asr.train.fit.build), with the trainer's logger, callbacks, checkpoints, progress bar and validation off
+``build(preset, *overrides)`` is ``python -m asr.fit --config configs/model/<preset>.yaml OVERRIDES`` up to the point where it would fit (asr.train.fitting.build), with the trainer's logger, callbacks, checkpoints, progress bar and validation off
 (BENCH_TRAINER): a benchmark times the loop, not what a run writes. ``plain_step`` takes one optimizer step
 of the built ASRModule as Lightning's automatic optimization takes it (its training_step, optimizer and lr
 schedule, under the trainer's precision plugin) in a plain PyTorch loop; ``lightning_times`` runs the same
@@ -23,7 +23,7 @@ from pytorch_lightning.cli import SaveConfigCallback
 from torch.utils.data import DataLoader
 
 from asr.data.batch import Batch
-from asr.train import fit
+from asr.train import fitting
 from asr.train.module import ASRModule
 
 BENCH_TRAINER = ("--trainer.logger=false", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
@@ -35,17 +35,17 @@ LIGHTNING_LOGGERS = ("pytorch_lightning", "pytorch_lightning.utilities.rank_zero
 
 def preset_config(preset: str) -> Path:
     """configs/model/<preset>.yaml; FileNotFoundError naming it if there is no such preset."""
-    path = fit.CONFIGS / "model" / f"{preset}.yaml"
+    path = fitting.CONFIGS / "model" / f"{preset}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no preset {preset!r}: {path} does not exist")
     return path
 
 
-def build(preset: str, *overrides: str) -> fit.ASRCLI:
+def build(preset: str, *overrides: str) -> fitting.ASRCLI:
     """Model, data and trainer as ``python -m asr.fit --config configs/model/<preset>.yaml OVERRIDES`` builds them,
     plus BENCH_TRAINER; weights from ``seed_everything`` (the default: 0). Nothing is set up."""
     with quiet():
-        return fit.build(["--config", str(preset_config(preset)), *BENCH_TRAINER, *overrides])
+        return fitting.build(["--config", str(preset_config(preset)), *BENCH_TRAINER, *overrides])
 
 
 def build_module(preset: str, *overrides: str) -> ASRModule:
@@ -53,7 +53,7 @@ def build_module(preset: str, *overrides: str) -> ASRModule:
     return build(preset, *overrides).model
 
 
-def plain_step(cli: fit.ASRCLI, total_steps: int, keep_gradients: bool = False) -> Callable[[Batch], None]:
+def plain_step(cli: fitting.ASRCLI, total_steps: int, keep_gradients: bool = False) -> Callable[[Batch], None]:
     """step(batch): one optimizer step of ``cli.model``, in Lightning's order, without Lightning's loop.
 
     As ``trainer.fit`` sets up (configure_model, then the precision plugin's convert_module: bf16 weights for
@@ -97,7 +97,7 @@ def fastest(times: list[float], n: int) -> float:
     return sum(min(times[i::per_pass]) for i in range(per_pass))
 
 
-def plain_times(cli: fit.ASRCLI, sequence: list[Batch]) -> list[float]:
+def plain_times(cli: fitting.ASRCLI, sequence: list[Batch]) -> list[float]:
     """Wall seconds of each ``plain_step`` over sequence[1:], after a warm-up step on sequence[0]."""
     step = plain_step(cli, len(sequence))
     step(sequence[0])
@@ -122,7 +122,7 @@ class _Clock(pl.Callback):
         self.end = time.perf_counter()
 
 
-def lightning_times(cli: fit.ASRCLI, sequence: list[Batch]) -> list[float]:
+def lightning_times(cli: fitting.ASRCLI, sequence: list[Batch]) -> list[float]:
     """Wall seconds of each ``cli.trainer.fit`` step over sequence[1:] (sequence[0] warms up, as in plain_times).
 
     ``cli`` is built with ``--trainer.max_steps len(sequence)``; the batches are fed from memory."""

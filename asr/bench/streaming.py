@@ -357,13 +357,13 @@ def measure_train_cost(manifest: str, steps: int, passes_: int = 2) -> dict:
     ``manifest`` (asr.bench.steps.plain_times, fp32, the fastest of ``passes_`` over each batch), and their ratio."""
     from asr.bench.sections import training_batches
     from asr.bench.steps import BENCH_TRAINER, fastest, passes, plain_times, quiet
-    from asr.train import fit
+    from asr.train import fitting
 
     common = [*(f"--data.{split}_manifest={manifest}" for split in ("train", "val", "test")), *BENCH_TRAINER,
               "--trainer.precision=32-true"]
     configs = {"offline": [], "streaming": ["--config", str(STREAMING_RECIPE)]}
     with quiet():
-        clis = {name: fit.build([*config, *common]) for name, config in configs.items()}
+        clis = {name: fitting.build([*config, *common]) for name, config in configs.items()}
         data = clis["offline"].datamodule
         data.setup("fit")
         batches = training_batches(data, steps + 1)

@@ -17,7 +17,7 @@ rate or a ratio of two timings taken in this run, so a slower machine moves both
    of a training step with the train loader as the default run configures it, and the real-time
    factor of asr.transcribe's Transcriber.
 
-Nothing is re-implemented: model, data and trainer are built by asr.train.fit.build from configs/model/<preset>.yaml
+Nothing is re-implemented: model, data and trainer are built by asr.train.fitting.build from configs/model/<preset>.yaml
 and overrides that point data.* at the corpus (``fit_args``), as ``python -m asr.fit --config
 configs/model/<preset>.yaml ...`` builds them (asr.bench.steps).
 The corpus is synthetic and generated from a seed into a temporary folder (asr.bench.corpus): FLAC files
@@ -46,7 +46,7 @@ from asr.bench.sections import (PRECISIONS, Settings, measure_batching, measure_
                                 measure_inference, measure_loop, measure_peaks, measure_training, training_batches)
 from asr.atomic import write_atomically
 from asr.bench.steps import build, plain_step
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 
 TARGETS = {  # figure -> (comparison, threshold); the goals for the full mode
     "train/base/32-true/mfu": (">=", 0.40), "train/base/bf16-mixed/mfu": (">=", 0.40),

@@ -1,4 +1,4 @@
-"""The map-style dataset of manifest utterances (asr.data.module's JSON-lines path): audio read, kept, played at
+"""The map-style dataset of manifest utterances (asr.data.datamodule's JSON-lines path): audio read, kept, played at
 a speed, augmented and collated, batch by batch as asr.data.sampler's batches name them."""
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def equal_duration_bins(durations: list[float], buckets: int = BUCKETS, weights:
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A shard folder's ``index.json``: see asr.tools.shard for what it holds."""
+    """A shard folder's ``index.json``: see asr.tools.sharding for what it holds."""
 
     root: str
     data: dict
@@ -302,7 +302,7 @@ def decode(cut) -> tuple[torch.Tensor, int]:
 class CutBatcher:
     """Cuts -> asr's ``Batch``, in two steps. ``prepare`` (before lhotse's sampler) tokenises a cut and draws its
     speed from ``speeds`` (the fastest its transcript fits at, at most the drawn one; ``unusable(utt, ids, speed)``
-    is asr.data.module's check), and gives the cut its duration at that speed, so that buckets hold utterances of
+    is asr.data.datamodule's check), and gives the cut its duration at that speed, so that buckets hold utterances of
     similar played length (as asr.data.sampler draws speeds before sorting). ``__call__`` (on the sampler's
     batches) decodes, plays at that speed and augments. A cut that cannot be used is dropped from its batch and
     named, never lost silently: in ``notes`` (``usable``) before the sampler, in ``Batch.dropped`` after it

@@ -1,4 +1,4 @@
-"""The data workers of every loader of asr (asr.data.module's and a shard stream's): how each starts, and how they
+"""The data workers of every loader of asr (asr.data.datamodule's and a shard stream's): how each starts, and how they
 end with the process that started them.
 
 A run stops at PREEMPTION_SIGNALS by writing a checkpoint (asr.train.resilience.Preemption). SLURM and machine

@@ -1,4 +1,4 @@
-"""A model written by ``python -m asr.export`` (asr.tools.export), read back for transcription: ``load``.
+"""A model written by ``python -m asr.export`` (asr.tools.exporting), read back for transcription: ``load``.
 
 The file is a ``torch.export`` program (ATen graph plus weights; ``load`` imports no network from ``asr.models``, only
 its decoding of frames, and refuses files whose loading would unpickle code) of the whole network in fp32 eval mode:

@@ -7,7 +7,7 @@
 T counts feature frames (10 ms each), T' encoder frames. A new encoder is one new file, a module that keeps this
 contract, and its line in ENCODERS; CTCModel, the FLOP count (asr.train.cost), FSDP sharding and compiling
 (asr.train.module) ask it, never its parts. Activation checkpointing is the encoder's own (``checkpoint_every``).
-asr.tools.export traces it with torch.export: its forward must keep the batch size dynamic (no shape-specialising
+asr.tools.exporting traces it with torch.export: its forward must keep the batch size dynamic (no shape-specialising
 branches; a Linear on a transposed tensor needs ``.contiguous()`` first).
 """
 

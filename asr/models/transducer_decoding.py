@@ -1,6 +1,6 @@
 """Decoding a transducer's frames (asr.models.transducer): greedy search, modified beam search, forced alignment
 (word times and confidences), silent frames and cut points. The prediction network and the joiner are callables,
-so a checkpoint's modules and an exported model's graphs (asr.tools.export) decode alike:
+so a checkpoint's modules and an exported model's graphs (asr.tools.exporting) decode alike:
 
     predict(tokens (N,), h, c (layers, N, pred_dim)) -> context (N, J), h, c     one token more for N sequences
     join(enc (N, J), context (N, J)) -> log-probabilities (N, V) fp32             one lattice point each

@@ -60,7 +60,7 @@ def tokenizer_path(base: dict, out: Path) -> Path:
         return Path(data["tokenizer_model"]).resolve()
     path = out / "data" / "tokenizer.model"
     if not path.is_file():  # trained as asr.fit would, by the DataModule
-        from asr.data.module import ASRDataModule
+        from asr.data.datamodule import ASRDataModule
 
         module = ASRDataModule(train_manifest=data["train_manifest"], tokenizer_type=data["tokenizer_type"],
                                tokenizer_vocab_size=data["tokenizer_vocab_size"])

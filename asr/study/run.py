@@ -42,8 +42,8 @@ from asr.atomic import write_atomically
 from asr.data.manifest import ManifestError
 from asr.study.analysis import Target, check_window, projections, smoothed, steps_to_converge, stopped_early
 from asr.study.data import draw_subsets, subset_path, tokenizer_path
-from asr.train.fit import CONFIGS
-from asr.train.fit import run as fit_command
+from asr.train.fitting import CONFIGS
+from asr.train.fitting import run as fit_command
 
 QUICK_CONFIG = CONFIGS / "study" / "quick.yaml"
 PLAN, BASE = "study.yaml", "base_config.yaml"  # in --out: the study's settings, the trials' shared asr.fit config

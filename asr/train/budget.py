@@ -233,17 +233,17 @@ def train_seconds(trainer: pl.Trainer) -> float:
 
 
 class Search:
-    """The probe and the choice, run in this process through asr.train.fit.main (one run per candidate and round).
+    """The probe and the choice, run in this process through asr.train.fitting.main (one run per candidate and round).
 
     ``args``: the asr.fit arguments without the budget's own; ``budget``: seconds, counted from this process'
     start."""
 
     def __init__(self, args: list[str], budget: float, say=print):
-        from asr.train import fit  # here: asr.train.fit imports this module
+        from asr.train import fitting  # here: asr.train.fitting imports this module
 
         self.fit, self.args, self.budget, self.say = fit, args, budget, say
         began = time.monotonic()
-        self.base = fit.build(args)
+        self.base = fitting.build(args)
         self.build_seconds = time.monotonic() - began  # what each probe run pays again before its first step
         logger = self.base.trainer.logger
         self.save_dir, self.name = Path(logger.save_dir), logger.name
@@ -367,9 +367,9 @@ def plot(record: dict, path: Path) -> None:
 
 def resume(args: list[str], budget: float) -> dict:
     """``--budget ... --ckpt_path last``: continue the chosen run of the plan in the run folder, not the search."""
-    from asr.train import fit
+    from asr.train import fitting
 
-    logger = fit.build(args).trainer.logger
+    logger = fitting.build(args).trainer.logger
     plan_file = Path(logger.save_dir) / logger.name / "budget" / PLAN
     if not plan_file.is_file():
         raise ConfigError(f"--budget with --ckpt_path: no {plan_file} to continue (no budgeted run there)")
@@ -378,7 +378,7 @@ def resume(args: list[str], budget: float) -> dict:
     if "--ckpt_path" in again:  # the probe's checkpoint it started from: the resume's own --ckpt_path replaces it
         del again[again.index("--ckpt_path"):again.index("--ckpt_path") + 2]
     print(f"--budget: continuing the chosen run, {record['chosen']} (plan: {plan_file})")
-    fit.main([*args, *again])
+    fitting.main([*args, *again])
     return record
 
 

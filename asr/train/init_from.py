@@ -1,5 +1,5 @@
 """``--model.init_from CKPT``: a new run starts from an earlier model's weights (fine-tuning, another language,
-another rate, more data), with its own optimizer and schedule. asr.train.fit calls ``initialize`` before
+another rate, more data), with its own optimizer and schedule. asr.train.fitting calls ``initialize`` before
 training, on every rank, unless the run resumes (--ckpt_path).
 
 What is loaded, per weight (``model.finetune``, asr.train.finetune.FineTune):

@@ -60,7 +60,7 @@ import soundfile
 import torch
 
 from asr.audio import load_audio, resample
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 from asr.tools.import_corpus import audio_duration, normalise_text, write_manifest
 
 DEFAULT_ROOT = Path("/usr/share/games/fillets-ng")  # where Debian installs fillets-ng-data(-cs)

@@ -1,7 +1,7 @@
 """asr.bench.loader: one worker's audio-seconds per second and the padding, from shards and from files."""
 
 from asr.bench.loader import main
-from asr.tools.shard import shard
+from asr.tools.sharding import shard
 from tests.data.test_shards import mini
 
 

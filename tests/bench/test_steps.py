@@ -11,7 +11,7 @@ from asr.bench.sections import training_batches
 from asr.configs import CONFIGS
 from asr.data.batch import Batch
 from asr.data.sampler import BucketBatchSampler
-from asr.train import fit
+from asr.train import fitting
 from tests import MINI
 # steps are deterministic
 NO_NOISE = ("--model.encoder.dropout=0", "--model.encoder.attention_dropout=0", "--model.spec_augment=null")
@@ -30,7 +30,7 @@ def test_bench_builds_the_model_and_data_asr_fit_builds(tmp_path):
             f"--trainer.default_root_dir={tmp_path}"]
     ours = bench_steps.build("small", *args)
     # the command asr.bench.steps.build stands for: the preset, then the overrides
-    theirs = fit.build(["--config", str(CONFIGS / "model" / "small.yaml"), *args])
+    theirs = fitting.build(["--config", str(CONFIGS / "model" / "small.yaml"), *args])
     assert dict(ours.model.hparams) == dict(theirs.model.hparams) and ours.model.hparams.encoder["d_model"] == 256
     state, reference = ours.model.state_dict(), theirs.model.state_dict()
     assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)  # same seed

@@ -11,7 +11,7 @@ import torch
 
 from asr.data import augment as A
 from asr.data.augment import Augmentation, Augmenter
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 from tests.conftest import PLAIN_DATA
 
 RATE = 16000

@@ -10,11 +10,11 @@ import pytorch_lightning as pl
 import soundfile
 import torch
 
-from asr.data.faults import DataFaultError, DataFaults
 from asr.data.dataset import random_voice
+from asr.data.faults import DataFaultError, DataFaults
 from tests import REPO
-from tests.data.test_module import datamodule, validated_epochs
 from tests.cli import CHAR_FRAMES
+from tests.data.test_datamodule import datamodule, validated_epochs
 
 
 BREAK = {
@@ -131,14 +131,14 @@ class DeleteAfterFirstEpoch(pl.Callback):
 
 
 def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_naming_it_once(corpus, tmp_path):
-    from asr.train.fit import build
+    from asr.train.fitting import build
 
     cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "3",
                  "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
                  "--data.tokenizer_type", "char", *CHAR_FRAMES, "--data.train_manifest", str(corpus.train),
                  "--data.val_manifest", str(corpus.dev), "--data.test_manifest", "null",
                  "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5",
-                 "--data.cache_audio_mb", "0"])  # read every epoch (kept audio is never lost: tests/data/test_module.py)
+                 "--data.cache_audio_mb", "0"])  # read every epoch (kept audio is never lost: tests/data/test_datamodule.py)
     cli.trainer.callbacks.append(DeleteAfterFirstEpoch(corpus.root / "audio" / "b.flac"))
     with pytest.warns(UserWarning, match="no longer loads") as caught:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -13,7 +13,7 @@ import torch
 from asr.bench.nonspeech import words_on, write_clips
 from asr.data import nonspeech as ns
 from asr.data.augment import PAUSE_MAX_SECONDS, PAUSE_SHARE, Augmentation, Augmenter, pause
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 from asr.models.features import FeatureConfig, FeatureExtractor, loud_frames, normalise
 from asr.train.legacy import BEFORE_THEIR_TIME
 from asr.train.module import ASRModule

@@ -10,7 +10,7 @@ import pytest
 
 from asr.data import remote
 from asr.data.shards import ShardIndex, ShardsError
-from asr.tools.shard import shard
+from asr.tools.sharding import shard
 from tests.data.test_shards import mini
 from tests.servers import S3_ENV, environment, free_port, s3_server, web_server
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from asr.data.augment import Augmentation
 from asr.data.shard_run import check_partition, shards_tokenizer
 from asr.data.shards import INDEX, CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream, equal_duration_bins
-from asr.tools.shard import ShardError, shard
+from asr.tools.sharding import ShardError, shard
 from tests import MINI, REPO
 from tests.servers import s3_server, web_server
 
@@ -92,8 +92,8 @@ def test_a_writer_that_dies_names_jobs_and_the_same_command_then_finishes_the_fo
             raise BrokenProcessPool("A process in the process pool was terminated abruptly")
 
     manifest = str(mini(tmp_path, 12))
-    monkeypatch.setattr("asr.tools.shard.ProcessPoolExecutor", DyingPool)
-    monkeypatch.setattr("asr.tools.shard.usable_cores", lambda: 2)  # --jobs 2 is capped at the cores: a pool needs 2
+    monkeypatch.setattr("asr.tools.sharding.ProcessPoolExecutor", DyingPool)
+    monkeypatch.setattr("asr.tools.sharding.usable_cores", lambda: 2)  # --jobs 2 is capped at the cores: a pool needs 2
     with pytest.raises(ShardError, match=r"out: a shard writer process died .* again, with fewer --jobs"):
         shard(tmp_path / "out", [manifest], shard_size=5, jobs=2)
     assert not (tmp_path / "out" / INDEX).exists()
@@ -337,7 +337,7 @@ def test_a_shard_that_breaks_mid_read_is_named_and_the_stream_goes_on(shards, tm
     ({"train_shards": "a", "shard_stall_seconds": -1.0}, r"data.shard_stall_seconds must be >= 0 \(0: wait for ever\)"),
 ])
 def test_shard_settings_out_of_range_are_refused_by_name(settings, message):
-    from asr.data.module import ASRDataModule
+    from asr.data.datamodule import ASRDataModule
     with pytest.raises(ValueError, match=message):
         ASRDataModule(**settings)
 

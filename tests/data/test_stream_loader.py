@@ -17,7 +17,7 @@ from asr.data import shards as shards_module
 from asr.data.faults import DataFaultError, DataFaults, DataStalled
 from asr.data.shards import ShardIndex, ShardStream
 from asr.data.stream_loader import SignalStop, StreamLoader, Watch
-from asr.tools.shard import shard
+from asr.tools.sharding import shard
 from tests.data.test_shards import batcher, mini
 from tests.servers import web_server
 

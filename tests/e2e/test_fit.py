@@ -20,7 +20,7 @@ import torch
 from asr.bench.nonspeech import write_clips
 from asr.configs import CONFIGS
 from asr.inference.transcriber import Transcriber
-from asr.train.fit import main
+from asr.train.fitting import main
 from asr.train.module import ASRModule
 from tests import MINI, REPO
 from tests.cli import CHAR_FRAMES, one_line_refusal, refused
@@ -255,8 +255,8 @@ def test_print_config_shows_the_linked_resolved_config(capsys):
 
 
 def test_resuming_from_an_averaged_checkpoint_is_refused_by_name(run, tmp_path):
-    from asr.tools.average import average, save
-    from asr.train.fit import ConfigError
+    from asr.tools.averaging import average, save
+    from asr.train.fitting import ConfigError
 
     last = run / "checkpoints" / "last.ckpt"
     averaged = tmp_path / "averaged.ckpt"

@@ -24,7 +24,7 @@ import yaml
 
 from asr.configs import CONFIGS
 from asr.train import cost
-from asr.train.fit import ConfigError, build, check_hardware, main
+from asr.train.fitting import ConfigError, build, check_hardware, main
 from asr.train.module import ASRModule
 from tests import REPO
 from tests.cli import CHAR_FRAMES, refused

@@ -20,8 +20,8 @@ from pytorch_lightning.strategies import DDPStrategy
 from asr.checkpoint import merge
 from asr.inference.transcriber import Transcriber
 from asr.tokenizer import Tokenizer
-from asr.tools.convert import convert
-from asr.train.fit import ConfigError, build, check_hardware
+from asr.tools.converting import convert
+from asr.train.fitting import ConfigError, build, check_hardware
 from asr.train.fsdp import ShardedStrategy
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from asr.tools.shard import shard
-from tests.data.test_shards import mini
+from asr.tools.sharding import shard
 from tests.cli import CHAR_FRAMES, one_line_refusal, refused
+from tests.data.test_shards import mini
 from tests import REPO
 from tests.e2e.test_resilience import SMALL, last_checkpoint, run
 from tests.faults import signal_at

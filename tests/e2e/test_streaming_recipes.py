@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from asr.models import streaming
-from asr.train.fit import build
+from asr.train.fitting import build
 from tests.e2e.test_recipes import MINI
 
 STACK = ["--config", "configs/recipes/demo-streaming.yaml"]

@@ -12,7 +12,7 @@ import torch
 
 from asr.checkpoint import merge
 from asr.inference.transcriber import Transcriber
-from asr.train.fit import main
+from asr.train.fitting import main
 from asr.train.module import ASRModule
 from tests import MINI
 from tests.cli import CHAR_FRAMES

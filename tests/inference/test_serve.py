@@ -1,4 +1,4 @@
-"""asr.serve (asr.inference.serve) with a real WebSocket client on 127.0.0.1, at a port the system chooses: the
+"""asr.serve (asr.inference.serving) with a real WebSocket client on 127.0.0.1, at a port the system chooses: the
 protocol's round trip, models of several sample rates, the refusal past the stream limit, clients that hang up or
 break the protocol, concurrent clients stepped together, an event loop that never waits for the model, a failing
 model, a small real-time load test, and the command as documented. Every test has a timeout and stops its server.
@@ -19,10 +19,10 @@ import torch
 from websockets.asyncio.client import connect
 
 from asr.bench.streaming import Heard, listen, pcm16, percentile, receive
-from asr.inference import serve
+from asr.inference import serving
 from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import feed_together
-from asr.inference.serve import StreamServer
+from asr.inference.serving import StreamServer
 from asr.inference.transcriber import Transcriber
 from tests import REPO
 from tests.conftest import save_checkpoint
@@ -273,7 +273,7 @@ def test_a_round_runs_when_a_stream_completes_a_chunk_not_on_every_message(trans
 
 
 def test_serve_refuses_a_model_that_cannot_stream(checkpoint, capsys):
-    assert serve.main(["--checkpoint", str(checkpoint), "--port", "0"]) == 2
+    assert serving.main(["--checkpoint", str(checkpoint), "--port", "0"]) == 2
     assert "cannot stream" in capsys.readouterr().err
 
 

@@ -251,15 +251,15 @@ def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(
 def test_a_conformer_exports_with_torch_export_and_matches_itself(tiny_model, waveforms, char_tokenizer, conv_norm,
                                                                    window):
     from asr.inference.exported import ExportedModel
-    from asr.tools import export
+    from asr.tools import exporting
 
     model = tiny_model(block="conformer", conv_norm=conv_norm, attention_window=window)
     model.train()(*waveforms(1.0, 0.6))  # running statistics away from their initial 0 and 1
     model.eval()
-    program = export.export_program(export.serving_model(model), 16000)
+    program = exporting.export_program(exporting.serving_model(model), 16000)
     exported = ExportedModel(program.module(), 16000, char_tokenizer, model.frame_seconds,
-                             export.min_samples(program, model), torch.device("cpu"))
-    assert export.parity(model, exported).ok  # batches of 1 to 4 utterances, one graph
+                             exporting.min_samples(program, model), torch.device("cpu"))
+    assert exporting.parity(model, exported).ok  # batches of 1 to 4 utterances, one graph
 
 
 def test_the_middle_output_is_the_first_halfs_last_block_and_one_block_has_none(tiny_model, waveforms):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asr.tokenizer import Tokenizer
-from asr.tools.average import AverageError, average, main
+from asr.tools.averaging import AverageError, average, main
 from asr.train.module import ASRModule
 from tests.conftest import encoder as tiny_encoder, save_checkpoint
 

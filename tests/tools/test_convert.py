@@ -1,4 +1,4 @@
-"""asr.convert (asr/tools/convert.py): a sharded checkpoint folder becomes one .ckpt with the same weights,
+"""asr.convert (asr/tools/converting.py): a sharded checkpoint folder becomes one .ckpt with the same weights,
 the same metadata and optimizer state that a plain torch optimizer loads; anything else is refused
 and nothing is written.
 
@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from asr.checkpoint import METADATA
-from asr.tools.convert import convert, main
+from asr.tools.converting import convert, main
 
 
 def trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

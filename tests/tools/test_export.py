@@ -17,10 +17,10 @@ import torch
 from asr.models.features import FeatureConfig
 from asr.inference.exported import METADATA_FILE, TOKENIZER_FILE, ExportedModel, ExportedModelV1, is_exported, load
 from asr.models.ctc_decoding import greedy
-from asr.tools import export
+from asr.tools import exporting
 from asr.train.module import ASRModule
 from tests.conftest import encoder as tiny_encoder, save_checkpoint
-from tests.tools.exporting import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from tests.tools.export_cache import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 
 # Batches unlike the traced example (2 utterances of 1.0 and 0.6 s): 1 to 5 utterances, 0.02 to 2.3 s.
 BATCHES = [(0.7,), (2.3, 0.2, 1.3), (0.5, 0.5, 0.02, 1.9, 0.8)]
@@ -75,7 +75,7 @@ def test_exported_model_transcribes_as_the_checkpoint_on_varied_batches(exports,
 
 LOAD_WITHOUT_TRAINING_CODE = """
 import json, sys
-for name in ("asr.models.ctc", "asr.models.features", "asr.train.module", "asr.audio", "asr.data.module", "pytorch_lightning", "lightning", "torchaudio"):
+for name in ("asr.models.ctc", "asr.models.features", "asr.train.module", "asr.audio", "asr.data.datamodule", "pytorch_lightning", "lightning", "torchaudio"):
     sys.modules[name] = None  # any import of these now fails
 import torch
 from asr.inference.exported import load
@@ -108,7 +108,7 @@ def test_export_that_disagrees_with_its_checkpoint_fails_and_writes_nothing(expo
     write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, seed=1)
     refused = "^python -m asr.export: error: .*not written, the export disagrees with .*m.ckpt: parity FAILED"
     with pytest.raises(SystemExit, match=refused):
-        export.main([str(tmp_path / "m.ckpt"), str(tmp_path / "m.pt2")])
+        exporting.main([str(tmp_path / "m.ckpt"), str(tmp_path / "m.pt2")])
     assert not list(tmp_path.glob("m.pt2*"))
 
 
@@ -186,13 +186,13 @@ def test_the_second_pass_of_an_exported_file_takes_the_speechs_statistics_as_the
 def version_1_file(checkpoint: Path, path: Path) -> Path:
     """What asr.export wrote before format version 2: a graph of (audio, lengths) alone."""
     module = ASRModule.from_checkpoint(checkpoint)
-    model = export.serving_model(module.model).model
-    audio, lengths, _ = export.example_batch(export.EXAMPLE_SECONDS, model.sample_rate)
+    model = exporting.serving_model(module.model).model
+    audio, lengths, _ = exporting.example_batch(exporting.EXAMPLE_SECONDS, model.sample_rate)
     dynamic = torch.export.Dim.DYNAMIC
     with torch.no_grad():
         program = torch.export.export(model, (audio, lengths), strict=False,
                                       dynamic_shapes=({0: dynamic, 1: dynamic}, {0: dynamic}))
-    meta = export.metadata(module, program, checkpoint) | {"version": 1}
+    meta = exporting.metadata(module, program, checkpoint) | {"version": 1}
     with open(path, "wb") as f, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "No complete tensor found")  # as asr.export does: said of CPU-only models
         torch.export.save(program, f, extra_files={METADATA_FILE: json.dumps(meta),

@@ -17,8 +17,8 @@ import pytest
 
 from asr.data.shards import INDEX, TOKENIZER
 from asr.tokenizer import Tokenizer
-from asr.tools import shard as command
-from asr.tools.shard import shard
+from asr.tools import sharding as command
+from asr.tools.sharding import shard
 from tests import REPO
 from tests.conftest import row
 from tests.data.test_shards import mini

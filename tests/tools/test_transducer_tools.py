@@ -16,12 +16,12 @@ import torch
 from asr.inference.exported import load
 from asr.inference.transcriber import Transcriber
 from asr.tokenizer import BLANK_ID
-from asr.tools import export
-from asr.tools.average import AverageError, average, main as average_main
+from asr.tools import exporting
+from asr.tools.averaging import AverageError, average, main as average_main
 from asr.train.module import ASRModule
 from tests.models.test_transducer import CONFIG
 from tests.tools.test_average import weights, write_checkpoint as fit_checkpoint
-from tests.tools.exporting import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from tests.tools.export_cache import exported_once, one_thread  # noqa: F401  (one_thread: an autouse fixture)
 from tests.tools.test_export import BATCHES, write_checkpoint
 
 SPARING = 0.8  # added to the blank's logit of a random joiner
@@ -96,11 +96,11 @@ def test_an_exported_transducer_loads_and_decodes_without_the_training_code(expo
 def test_an_export_whose_prediction_network_disagrees_fails_and_writes_nothing(exports, char_tokenizer, tmp_path,
                                                                                 monkeypatch):
     other_checkpoint, _, _ = exports("transducer")  # another model's decoder graphs stand for any drift
-    other = export.decoder_programs(export.serving_model(ASRModule.from_checkpoint(other_checkpoint).model).model)
+    other = exporting.decoder_programs(exporting.serving_model(ASRModule.from_checkpoint(other_checkpoint).model).model)
     monkeypatch.setattr(export, "decoder_programs", lambda model: other)
     transducer_checkpoint(tmp_path / "m.ckpt", char_tokenizer, seed=1)
     with pytest.raises(SystemExit, match="not written, the export disagrees with .*m.ckpt: parity FAILED"):
-        export.main([str(tmp_path / "m.ckpt"), str(tmp_path / "m.pt2")])
+        exporting.main([str(tmp_path / "m.ckpt"), str(tmp_path / "m.pt2")])
     assert not list(tmp_path.glob("m.pt2*"))
 
 

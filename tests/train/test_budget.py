@@ -78,7 +78,7 @@ def test_survivors_are_the_lowest_losses_in_a_stable_order():
 
 
 def test_candidates_widen_the_recipes_model_and_raise_its_learning_rate(tmp_path):
-    from asr.train.fit import build
+    from asr.train.fitting import build
 
     cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path), *TINY, "--model.encoder.d_model", "96"])
     found = budget.candidates_of(cli)
@@ -102,7 +102,7 @@ def budgeted(tmp_path_factory):
         patch.setattr(budget, "MIN_PROBE_STEPS", 3)
         patch.setattr(budget, "process_seconds", lambda: 0.0)  # the test's own process has run for minutes
         patch.setattr(precision, "measured_steps", lambda *a: {"32-true": 1.0, "bf16-mixed": math.inf})  # any CPU
-        from asr.train.fit import main
+        from asr.train.fitting import main
 
         record = main(["--budget", "00:01:00", *args])
     return tmp, args, record
@@ -126,7 +126,7 @@ def test_a_budgeted_run_probes_chooses_continues_and_tests(budgeted):
 
 def test_a_budgeted_run_resumes_the_chosen_run_not_the_search(budgeted, capsys):
     tmp, args, record = budgeted
-    from asr.train.fit import main
+    from asr.train.fitting import main
 
     main(["--budget", "00:01:00", *args, "--ckpt_path", "last"])
     out = capsys.readouterr().out
@@ -135,7 +135,7 @@ def test_a_budgeted_run_resumes_the_chosen_run_not_the_search(budgeted, capsys):
 
 
 def test_a_budget_too_small_is_refused_with_the_smallest_that_would_do(tmp_path):
-    from asr.train.fit import main
+    from asr.train.fitting import main
 
     with pytest.raises(ConfigError, match=r"too small .* smallest budget that would do is about \d\d:\d\d:\d\d"):
         main(["--budget", "00:00:02", "--trainer.logger.init_args.save_dir", str(tmp_path), *TINY])

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from asr.audio import load_audio
-from asr.train import fit
+from asr.train import fitting
 from asr.train.legacy import current_flags, group_config, group_settings
 from asr.train.module import ASRModule
 from tests import MINI
@@ -48,7 +48,7 @@ def test_old_flat_hyper_parameters_map_to_the_groups_and_settings_added_since_ke
 def test_a_config_yaml_of_flat_settings_trains_with_the_same_settings(tmp_path):
     flat = yaml.safe_load((FIXTURE / "config.yaml").read_text())
     assert flat["model"]["d_model"] == 32 and flat["data"]["noise_prob"] == 0.1  # written flat
-    cli = fit.build(["--config", str(FIXTURE / "config.yaml"), "--trainer.logger", "false"])
+    cli = fitting.build(["--config", str(FIXTURE / "config.yaml"), "--trainer.logger", "false"])
     assert cli.model.model.encoder.cfg.d_model == 32 and cli.model.model.encoder.cfg.block == "conformer"
     assert cli.datamodule.augmentation.noise_prob == 0.1
     assert cli.model.model.features.config.var_floor == flat["model"]["feature_var_floor"]
@@ -84,7 +84,7 @@ def test_a_runs_config_yaml_lacking_a_setting_reads_it_as_that_run_had_it_and_a_
 def printed_config(*args: str) -> dict:
     """What ``python -m asr.fit ARGS --print_config`` prints, parsed."""
     with pytest.raises(SystemExit), redirect_stdout(io.StringIO()) as out, mock.patch.object(sys, "argv", ["asr.fit"]):
-        fit.main([*args, "--print_config"])
+        fitting.main([*args, "--print_config"])
     return yaml.safe_load(out.getvalue())
 
 

@@ -14,11 +14,11 @@ from asr.models.ctc import CTCModel
 from asr.models.network import EncoderNetwork
 from asr.models.objectives import CTC, OBJECTIVES, Loss, ctc_loss
 from asr.models.transducer_objectives import Hybrid, Transducer
-from asr.train.fit import build
+from asr.train.fitting import build
 from asr.train.module import ASRModule
 from tests import MINI
 from tests.conftest import encoder, save_checkpoint
-from tests.data.test_module import datamodule
+from tests.data.test_datamodule import datamodule
 from tests.decoded import own_transcripts
 from tests.e2e.test_fit import epoch_losses, fit, slice_manifest
 

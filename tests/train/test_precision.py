@@ -131,7 +131,7 @@ def test_ranks_inherit_the_choice_for_the_same_model_only(module, manifest, monk
 
 
 def test_the_probe_batch_of_shards_takes_the_median_of_their_index(module, tmp_path):
-    from asr.data.module import ASRDataModule
+    from asr.data.datamodule import ASRDataModule
     from tests.study.test_plan import index
 
     data = ASRDataModule(train_shards=str(index(tmp_path / "shards", 100, 2.5)), max_batch_seconds=10.0)

@@ -17,12 +17,12 @@ from torch.utils.data import DataLoader
 
 from asr.data.batch import Batch
 from asr.models import objectives
-from asr.train.fit import main
+from asr.train.fitting import main
 from asr.train.module import ASRModule, NonFiniteLossError
 from tests import MINI
-from tests.syncs import SyncCounter
 from tests.cli import CHAR_FRAMES
 from tests.conftest import encoder
+from tests.syncs import SyncCounter
 
 
 def sliced(src: Path, dst: Path, n: int) -> Path:

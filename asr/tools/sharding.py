@@ -41,9 +41,9 @@ import torch
 from asr.atomic import write_atomically
 from asr.audio import AudioError, resample
 from asr.data import manifest as mf
-from asr.data.module import BAD_LINES_FILE
-from asr.data.sources import ManifestSource, read_utterance
+from asr.data.datamodule import BAD_LINES_FILE
 from asr.data.shards import BUCKETS, INDEX, TOKENIZER, ShardIndex, equal_duration_bins
+from asr.data.sources import ManifestSource, read_utterance
 from asr.hardware import usable_cores
 from asr.tokenizer import DEFAULT_MODEL_TYPE, DEFAULT_VOCAB_SIZE, MODEL_TYPES, Tokenizer
 

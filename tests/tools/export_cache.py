@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.tools import export
+from asr.tools import exporting
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -34,7 +34,7 @@ def exported_once(tmp_path_factory, write: Callable[[Path, str], Path]) -> Calla
             folder = tmp_path_factory.mktemp(name)
             checkpoint = write(folder / "m.ckpt", name)
             with contextlib.redirect_stdout(io.StringIO()) as printed:
-                export.main([str(checkpoint), str(folder / "m.pt2")])
+                exporting.main([str(checkpoint), str(folder / "m.pt2")])
             made[name] = checkpoint, folder / "m.pt2", printed.getvalue()
         return made[name]
 

@@ -48,7 +48,7 @@ from asr.audio import AudioError
 from asr.checkpoint import load_file, outline
 from asr.configs import CONFIGS, map_configs, resolve
 from asr.data.manifest import ManifestError
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
 from asr.data.shard_run import check_by_steps
 from asr.data.shards import ShardsError
 from asr.hardware import AUTO, Auto, resolve_precision, resolve_threads, uses_cuda

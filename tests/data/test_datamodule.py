@@ -10,9 +10,9 @@ import soundfile
 import torch
 
 from asr.data.augment import Augmentation
-from asr.data.manifest import ManifestError
 from asr.data.batch import Batch
-from asr.data.module import ASRDataModule
+from asr.data.datamodule import ASRDataModule
+from asr.data.manifest import ManifestError
 from asr.data.sampler import split_item
 from tests.cli import CHAR_FRAMES
 from tests.conftest import PLAIN_DATA
@@ -192,7 +192,7 @@ def test_audio_kept_in_the_cache_is_read_once_and_what_is_over_its_size_is_read_
 
 
 def test_the_default_run_keeps_each_utterance_once_per_speed(corpus, monkeypatch):
-    from asr.train.fit import build
+    from asr.train.fitting import build
 
     cli = build(["--data.train_manifest", str(corpus.train), "--data.val_manifest", str(corpus.dev),
                  "--data.test_manifest", "null", "--data.tokenizer_type", "char", *CHAR_FRAMES,
@@ -231,7 +231,7 @@ def test_a_negative_cache_size_is_refused_naming_the_flag(corpus):
 
 def fit_quietly(tmp_path, train, dev, *args: str):
     """python -m asr.fit with a tiny char model on the given manifests; returns the run folder."""
-    from asr.train.fit import main
+    from asr.train.fitting import main
 
     cli = main(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_model_summary", "false",
                 "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",

@@ -44,7 +44,7 @@ class ASRDataModule(pl.LightningDataModule):
     """Manifests in, length-bucketed batches out, for 8 kHz or 16 kHz models.
 
     The tokenizer (``self.tokenizer``) is loaded from ``tokenizer_model`` or trained on the
-    training manifest's text; fit.py links it, and ``sample_rate``, to the model.
+    training manifest's text; asr.train.fitting links it, and ``sample_rate``, to the model.
     """
 
     def __init__(

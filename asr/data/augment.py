@@ -80,9 +80,7 @@ never heard are recognised (``Augmentation.off()`` switches every effect off, ``
     gain_prob: float = 0.3  # recording levels vary
     gain_db: tuple[float, float] = (-6.0, 6.0)
     telephone_prob: float = 0.35  # 300-3400 Hz, mu-law, via 8 kHz: what 8 kHz telephone audio looks like at 16 kHz.
-    # Mean of seeds 0-3, 0.35 against 0.2: WER on dev's telephone copy (scripts/corpus/telephone_copy.py) 0.1095 /
-    # 0.1230, dev 0.1020 / 0.1007; scored after: test 0.0988 / 0.0913, held-out 8 kHz 0.193 / 0.211
-    # (docs/benchmarks.md, 2026-11-25 night)
+    # 0.35 against 0.2: WER on telephone audio lower, on wideband a little higher (docs/benchmarks.md, 2026-11-25 night)
     telephone_8khz: bool = True
     nonspeech_prob: float = 0.05  # 1 utterance in 20 becomes silence, noise, hum, tones or clicks with no words: without,
     # the model wrote 176 words a minute on non-speech (docs/benchmarks.md, 2026-11-26)

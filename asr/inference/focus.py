@@ -14,10 +14,8 @@ Where the first pass decoded nothing (a model trained with every frame in its st
 deletes all of speech framed by seconds of silence), the loud part of the file stands for the speech: from the
 first to the last stretch that asr.inference.result.speech_mask calls speech. A file of one level (silence,
 steady noise, hum, a dial tone) has none, and speech that fills its file is run once. In a long file, each
-segment (cut at the first pass's pauses, asr.inference.longform) is a file here. Measured (docs/benchmarks.md,
-2026-11-27 afternoon and evening): the default model's WER on data/mini's dev set with 4 s of white noise a side
-0.345 -> 0.164, hum 0.382 -> 0.091, DTMF 0.455 -> 0.173; the Czech model's CER with 4 s of silence a side
-0.962 -> 0.696 (0.567 alone); speech alone, the bundled test set and the held-out sets within a word of one pass.
+segment (cut at the first pass's pauses, asr.inference.longform) is a file here. What it gains with noise, hum,
+tones or silence around speech, and costs without: docs/benchmarks.md, 2026-11-27 afternoon and evening.
 """
 
 from __future__ import annotations

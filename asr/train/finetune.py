@@ -31,9 +31,8 @@ class FineTune:
             vocabulary, which is always re-initialised): "refuse" stops the run naming every such weight,
             "reinit" keeps its fresh initialisation and says so.
         copy_shared_tokens: under a new vocabulary, copy the CTC head's rows of pieces both tokenizers have (the
-            blank included) from the checkpoint; false (the default) re-initialises the whole head. The English
-            default model fine-tuned to Czech characters: test CER 0.475 with the 27 shared rows copied, 0.426
-            without (15 minutes, docs/benchmarks.md, 2026-11-26 afternoon).
+            blank included) from the checkpoint; false (the default) re-initialises the whole head, which did
+            better (docs/benchmarks.md, 2026-11-26 afternoon).
         freeze: patterns of the weights held still for the first freeze_steps optimizer steps (their
             gradients are dropped; batch-norm statistics still follow the new data).
         freeze_steps: optimizer steps with the freeze patterns' weights held still; 0 = none.

@@ -57,8 +57,8 @@ from asr.train.tally import UpdateTally, any_nonfinite, skip_update
 # what _shared_step counts per evaluation batch, summed over batches and then over ranks
 EVAL_COUNTS = ("word_errors", "words", "char_errors", "chars", "loss_sum", "tokens")
 # The default optimizer, as LightningCLI reads one (--model.optimizer.init_args.lr 0.002 changes one argument): AdamW
-# at its own lr, 0.001: dev loss 0.410 / 0.405 / 0.420 for seeds 0 / 1 / 2, at 0.002 0.453 / 0.527 / 0.448
-# (docs/benchmarks.md, 2026-11-24 mid-morning); fused: one kernel steps all parameters.
+# at its own lr, 0.001, better than 0.002 for every seed (docs/benchmarks.md, 2026-11-24 mid-morning); fused: one
+# kernel steps all parameters.
 ADAMW = {"class_path": "torch.optim.AdamW", "init_args": {"fused": True}}
 OBJECTIVE_SETTINGS = ("inter_ctc", "transducer")  # ASRModule's settings handed to the objective whose constructor names them
 

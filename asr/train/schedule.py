@@ -20,8 +20,8 @@ class ScheduleConfig:
     """
 
     warmup_steps: int = 400  # the Czech recipe's Conformer warm-up (docs/benchmarks.md, 2026-11-23 late morning)
-    warmup_share: float = 0.3  # on the CPU the Czech recipe was tuned on, 400 steps were 31% of the 1,278 it made in
-    # its 15 minutes (there 0.3 ends warm-up at step 384); on an AVX2 CPU in fp32, 1,073 steps, warm-up ends at 322
+    warmup_share: float = 0.3  # about the Czech recipe's 400 warm-up steps in its 15 minutes on the CPU it was tuned
+    # on, and fewer on a slower one (docs/benchmarks.md, 2026-11-23 late morning and 2026-11-26)
     min_lr_ratio: float = 0.05
 
     def __post_init__(self):

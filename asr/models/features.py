@@ -75,15 +75,12 @@ class FeatureConfig:
     sample_rate: int = 16000
     kind: FeatureKind = "auto"
     n_mels: int = 80
-    norm: FeatureNorm = "shared"  # one variance for all bins, so the empty band of 8 kHz audio stays flat: dev loss
-    # 0.371 / 0.390 / 0.342 / 0.351 for seeds 0-3, 0.382 / 0.417 / 0.415 / 0.356 per bin (docs/benchmarks.md,
-    # 2026-11-24 afternoon); real-1h-cpu.yaml's test CER 0.455 in 15 minutes and 0.302 in 60, per bin 0.466 and 0.327
-    # (2026-11-24 late evening)
+    norm: FeatureNorm = "shared"  # one variance for all bins, so the empty band of 8 kHz audio stays flat: lower dev
+    # loss than per bin for every seed, lower CER on real-1h-cpu.yaml (docs/benchmarks.md, 2026-11-24 afternoon and
+    # late evening)
     var_floor: float = 4.0
     stats_db: float = 0.0
-    quiet_db: float = 6.0  # silence, dither or a noise floor around speech left out of the statistics: WER 0.14-0.16
-    # with 0.5-4 s of silence on each side, 0.19-0.63 with it counted; test 0.097 / 0.110 for seeds 0 / 1, 0.123 / 0.121
-    # counted (docs/benchmarks.md, 2026-11-26 night)
+    quiet_db: float = 6.0  # silence, dither or a noise floor around speech left out of the statistics (docstring)
 
     def __post_init__(self):
         if self.sample_rate < 4000:

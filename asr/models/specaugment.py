@@ -30,8 +30,8 @@ class SpecAugmentConfig:
     time_width: float = 0.05
     freq_warp: float = 0.15  # other vocal tracts, on the features, instead of data.augmentation.pitch_prob's waveform
     # pitch shift: dev as good at a fraction of the data worker's CPU (docs/benchmarks.md, 2026-11-24 morning)
-    freq_warp_jitter: float = 0.1  # formants scaled unevenly too: dev loss 0.382 / 0.417 / 0.415 for seeds 0 / 1 / 2,
-    # 0.410 / 0.405 / 0.420 without (docs/benchmarks.md, 2026-11-24 noon)
+    freq_warp_jitter: float = 0.1  # formants scaled unevenly too: lower dev loss for two seeds of three
+    # (docs/benchmarks.md, 2026-11-24 noon)
 
     def __post_init__(self):
         for name in ("freq_warp", "freq_warp_jitter"):

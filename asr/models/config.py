@@ -51,9 +51,8 @@ class EncoderConfig:
     ff_mult: int = 4
     dropout: float = 0.1
     attention_dropout: float = 0.1  # regularises the bundled corpus (0 keeps the fused attention kernel)
-    subsampling: int = 8  # 80 ms encoder frames, with conv_channels 48: the step on a 2-core AMD EPYC (AVX2, fp32)
-    # 0.24 -> 0.12 s, the run 16 min 49 s -> 11 min 20 s; test WER of seeds 0-3 mean 0.100 (0.097 before)
-    # (docs/benchmarks.md, 2026-11-27)
+    subsampling: int = 8  # 80 ms encoder frames, with conv_channels 48: the default run on a 2-core AVX2 CPU in
+    # 11 min 20 s, not 16 min 49 s, at about the same test WER (docs/benchmarks.md, 2026-11-27)
     attention_window: int = 2  # +-160 ms: local attention generalises to unseen sentences, global attention memorises
     conv_channels: int = 48  # the first subsampling map, (B, 48, T/2, F/2), was the step's largest tensor at d_model 96
     subsampling_conv: Literal["full", "separable"] = "full"

@@ -10,17 +10,11 @@ from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import advance_streams, feed_together
 from asr.inference.transcriber import Transcriber
 from asr.models import streaming
-from tests.streams import RATE, ToneStream, batch_sizes, speech_and_pauses, streaming_module
+from tests.streams import RATE, ToneStream, batch_sizes, speech_and_pauses
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/inference/conftest.py
 
 
-@pytest.fixture(autouse=True)
-def one_thread(keep_threads):
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def transcriber(char_tokenizer):
-    return Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
 
 
 
@@ -35,10 +29,10 @@ def schedule(streams: list[list[torch.Tensor]], starts: list[int]) -> list[list[
     return rounds
 
 
-def stepped_together(transcriber: Transcriber, streams: list[list[torch.Tensor]], starts: list[int],
+def stepped_together(streaming_transcriber: Transcriber, streams: list[list[torch.Tensor]], starts: list[int],
                      chunks: list[float | None]) -> list[list]:
     """Each stream's Updates, its pieces fed in the rounds of ``schedule`` by feed_together."""
-    sessions = [transcriber.open_stream(chunk, endpoint_seconds=0.4) for chunk in chunks]
+    sessions = [streaming_transcriber.open_stream(chunk, endpoint_seconds=0.4) for chunk in chunks]
     together = [[] for _ in streams]
     for work in schedule(streams, starts):
         ids, parts, finals = zip(*work)
@@ -47,7 +41,7 @@ def stepped_together(transcriber: Transcriber, streams: list[list[torch.Tensor]]
     return together
 
 
-def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alone(transcriber, monkeypatch):
+def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alone(streaming_transcriber, monkeypatch):
     """Four streams of different audio in pieces of different sizes, joining at rounds 0, 2, 5 and 9, three at
     80 ms chunks and one at 160 ms, one piece each a round: every stream's partials and finals (text, times, words,
     token ids) are the ones Transcriber.stream gives it alone from the same pieces, and the rounds shared their
@@ -55,9 +49,9 @@ def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alo
     audio = [speech_and_pauses(seed) for seed in range(4)]
     streams = [list(a.split(size)) for a, size in zip(audio, (2500, 3100, 1700, 4000))]
     chunks = [0.08, 0.16, 0.08, 0.08]
-    alone = [list(transcriber.stream(p, chunk, endpoint_seconds=0.4)) for p, chunk in zip(streams, chunks)]
-    sizes = batch_sizes(transcriber.streaming_model.network, monkeypatch)
-    together = stepped_together(transcriber, streams, [0, 2, 5, 9], chunks)
+    alone = [list(streaming_transcriber.stream(p, chunk, endpoint_seconds=0.4)) for p, chunk in zip(streams, chunks)]
+    sizes = batch_sizes(streaming_transcriber.streaming_model.network, monkeypatch)
+    together = stepped_together(streaming_transcriber, streams, [0, 2, 5, 9], chunks)
     for own, expected in zip(together, alone):
         assert [u.to_json() for u in own] == [u.to_json() for u in expected]
         assert [u.ids for u in own] == [u.ids for u in expected]
@@ -66,10 +60,10 @@ def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alo
 
 
 @torch.inference_mode()
-def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(transcriber):
+def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(streaming_transcriber):
     """At the network level: streams at different positions, one fallen behind by several chunks, one ending with
     a shorter last chunk, stepped together, get advance's frames and states, to float rounding."""
-    network = transcriber.model.module.model
+    network = streaming_transcriber.model.module.model
     audio = [speech_and_pauses(seed)[None] for seed in range(3)]
     states = [streaming.advance(network, a[:, :n], streaming.start(network), 2)[1]
               for a, n in zip(audio, (16000, 4000, 0))]
@@ -98,21 +92,21 @@ def test_a_streaming_transducers_streams_stepped_together_decode_as_alone(char_t
                   left_context=6)
     module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, objective="transducer",
                        features=FeatureConfig(norm="global", var_floor=0.0, quiet_db=0.0))
-    transcriber = Transcriber(CheckpointModel(module.eval()))
+    streaming_transcriber = Transcriber(CheckpointModel(module.eval()))
     streams = [list(speech_and_pauses(seed)[: RATE // 2].split(size)) for seed, size in enumerate((1500, 2300, 3000))]
-    alone = [list(transcriber.stream(p, endpoint_seconds=0.4)) for p in streams]
-    sizes = batch_sizes(transcriber.streaming_model.network, monkeypatch)
-    together = stepped_together(transcriber, streams, [0, 1, 3], [None] * 3)
+    alone = [list(streaming_transcriber.stream(p, endpoint_seconds=0.4)) for p in streams]
+    sizes = batch_sizes(streaming_transcriber.streaming_model.network, monkeypatch)
+    together = stepped_together(streaming_transcriber, streams, [0, 1, 3], [None] * 3)
     assert [[u.to_json() for u in own] for own in together] == [[u.to_json() for u in a] for a in alone]
     assert all(a[-1].final and a[-1].text for a in alone) and max(sizes) >= 2
 
 
-def test_a_model_without_stream_steps_is_stepped_alone_in_the_same_round(transcriber, char_tokenizer):
+def test_a_model_without_stream_steps_is_stepped_alone_in_the_same_round(streaming_transcriber, char_tokenizer):
     """A StreamingModel of its own (ToneStream: stream_step only) beside a checkpoint's: each gets its own Updates."""
     tones = Transcriber(ToneStream(char_tokenizer))
     audio = speech_and_pauses()
-    sessions = [tones.open_stream(), transcriber.open_stream()]
-    expected = [list(t.stream([audio])) for t in (tones, transcriber)]
+    sessions = [tones.open_stream(), streaming_transcriber.open_stream()]
+    expected = [list(t.stream([audio])) for t in (tones, streaming_transcriber)]
     got = [a + b for a, b in zip(feed_together(sessions, [audio, audio], [False, False]),
                                  feed_together(sessions, [torch.zeros(0)] * 2, [True, True]))]
     assert [[u.to_json() for u in g] for g in got] == [[u.to_json() for u in e] for e in expected]

@@ -30,15 +30,9 @@ from tests.streams import RATE, batch_sizes, speech_and_pauses, streaming_module
 
 TIMEOUT = 60.0  # seconds any one test's conversation may take
 
-
-@pytest.fixture(scope="module")
-def transcriber(char_tokenizer):
-    return Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/inference/conftest.py
 
 
-@pytest.fixture(autouse=True)
-def one_thread(keep_threads):
-    torch.set_num_threads(1)  # as asr.serve runs its steps
 
 
 def talk(server: StreamServer, conversation):
@@ -62,10 +56,10 @@ def heard_audio(audio: np.ndarray | None = None) -> np.ndarray:
     return np.frombuffer(pcm16(audio), "<i2").astype(np.float32) / 32768
 
 
-def test_a_stream_round_trip_gives_the_finals_of_the_api(transcriber):
+def test_a_stream_round_trip_gives_the_finals_of_the_api(streaming_transcriber):
     audio = speech_and_pauses().numpy()
-    heard = talk(StreamServer([transcriber], threads=1), lambda uri: listen(uri, audio, RATE, realtime=False))
-    expected = [u.to_json() for u in transcriber.stream([torch.from_numpy(heard_audio())]) if u.final]
+    heard = talk(StreamServer([streaming_transcriber], threads=1), lambda uri: listen(uri, audio, RATE, realtime=False))
+    expected = [u.to_json() for u in streaming_transcriber.stream([torch.from_numpy(heard_audio())]) if u.final]
     assert heard.ready == {"type": "ready", "sample_rate": RATE, "model_sample_rate": RATE, "chunk_seconds": 0.08,
                            "frame_seconds": 0.04}
     assert expected and heard.finals == expected and heard.code == 1000 and not heard.errors
@@ -73,9 +67,9 @@ def test_a_stream_round_trip_gives_the_finals_of_the_api(transcriber):
     assert len(heard.latencies) == round(len(audio) / RATE / 0.04)  # every frame covered by a result
 
 
-def test_each_rate_goes_to_its_model_or_is_resampled_to_the_nearest(transcriber, char_tokenizer):
+def test_each_rate_goes_to_its_model_or_is_resampled_to_the_nearest(streaming_transcriber, char_tokenizer):
     telephone = Transcriber(CheckpointModel(streaming_module(char_tokenizer, rate=8000)))
-    server = StreamServer([transcriber, telephone], threads=1)
+    server = StreamServer([streaming_transcriber, telephone], threads=1)
     assert [server.model_for(rate).sample_rate for rate in (8000, 11025, 16000, 44100, 4000)] == \
         [8000, 8000, 16000, 16000, 8000]
 
@@ -88,8 +82,8 @@ def test_each_rate_goes_to_its_model_or_is_resampled_to_the_nearest(transcriber,
     assert phone.code == wideband.code == 1000 and phone.latencies and wideband.latencies
 
 
-def test_a_stream_past_the_limit_is_refused_and_served_once_one_ends(transcriber):
-    server = StreamServer([transcriber], max_streams=1, threads=1)
+def test_a_stream_past_the_limit_is_refused_and_served_once_one_ends(streaming_transcriber):
+    server = StreamServer([streaming_transcriber], max_streams=1, threads=1)
     audio = speech_and_pauses().numpy()[: 2 * RATE]
 
     async def conversation(uri):
@@ -105,8 +99,8 @@ def test_a_stream_past_the_limit_is_refused_and_served_once_one_ends(transcriber
     assert first.code == later.code == 1000 and first.ready and later.ready and server.active == 0
 
 
-def test_a_client_that_hangs_up_mid_stream_frees_its_place(transcriber):
-    server = StreamServer([transcriber], max_streams=1, threads=1)
+def test_a_client_that_hangs_up_mid_stream_frees_its_place(streaming_transcriber):
+    server = StreamServer([streaming_transcriber], max_streams=1, threads=1)
     audio = speech_and_pauses().numpy()
 
     async def conversation(uri):
@@ -129,7 +123,8 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_place(transcriber):
     ('{"type": "start", "sample_rate": 16000}', b"\x00\x01\x02", "whole 16-bit samples"),
     ('{"type": "start", "sample_rate": 16000}', "stop", "not a JSON object"),
 ])
-def test_a_message_the_protocol_does_not_allow_gets_an_error_and_close_1008(transcriber, first, then, message):
+def test_a_message_the_protocol_does_not_allow_gets_an_error_and_close_1008(streaming_transcriber, first, then,
+                                                                            message):
     async def conversation(uri):
         async with connect(uri) as ws:
             await ws.send(first)
@@ -139,12 +134,12 @@ def test_a_message_the_protocol_does_not_allow_gets_an_error_and_close_1008(tran
             await receive(ws, heard)
             return heard, ws.close_code
 
-    heard, code = talk(StreamServer([transcriber], threads=1), conversation)
+    heard, code = talk(StreamServer([streaming_transcriber], threads=1), conversation)
     assert code == 1008 and len(heard.errors) == 1 and message in heard.errors[0]
 
 
-def test_a_connection_without_a_start_message_is_closed(transcriber, monkeypatch):
-    monkeypatch.setattr(serve, "START_SECONDS", 0.2)
+def test_a_connection_without_a_start_message_is_closed(streaming_transcriber, monkeypatch):
+    monkeypatch.setattr(serving, "START_SECONDS", 0.2)
 
     async def conversation(uri):
         async with connect(uri) as ws:
@@ -152,16 +147,17 @@ def test_a_connection_without_a_start_message_is_closed(transcriber, monkeypatch
             await receive(ws, heard)
             return heard, ws.close_code
 
-    heard, code = talk(StreamServer([transcriber], threads=1), conversation)
+    heard, code = talk(StreamServer([streaming_transcriber], threads=1), conversation)
     assert code == 1008 and heard.errors == ["no start message within 0.2 s"]
 
 
-def test_concurrent_real_time_streams_are_all_served_and_their_latency_measured(transcriber):
+def test_concurrent_real_time_streams_are_all_served_and_their_latency_measured(streaming_transcriber):
     """A small load test: 4 streams of 3 s of their own audio at real speed, started 0.13 s apart (so at different
     positions when the rounds step them together): each gets the finals the API gives its audio alone and an
     orderly close, and every frame's latency is measured (the figures are the benchmark's: asr.bench.streaming)."""
     audio = [speech_and_pauses(seed).numpy()[: 3 * RATE] for seed in range(4)]
-    expected = [[u.to_json() for u in transcriber.stream([torch.from_numpy(heard_audio(a))]) if u.final] for a in audio]
+    expected = [[u.to_json() for u in streaming_transcriber.stream([torch.from_numpy(heard_audio(a))]) if u.final]
+                for a in audio]
 
     async def caller(uri, i):
         await asyncio.sleep(0.13 * i)
@@ -170,7 +166,7 @@ def test_concurrent_real_time_streams_are_all_served_and_their_latency_measured(
     async def conversation(uri):
         return await asyncio.gather(*(caller(uri, i) for i in range(4)))
 
-    runs = talk(StreamServer([transcriber], max_streams=4, threads=1), conversation)
+    runs = talk(StreamServer([streaming_transcriber], max_streams=4, threads=1), conversation)
     assert all(run.code == 1000 and run.results and not run.errors for run in runs)
     assert [run.finals for run in runs] == expected and all(expected)
     latencies = [latency for run in runs for latency in run.latencies]
@@ -188,15 +184,16 @@ async def held_until(gate: threading.Event, ready, seconds: float = TIMEOUT) -> 
     gate.set()
 
 
-def test_concurrent_clients_each_get_their_own_finals_from_shared_steps(transcriber, monkeypatch):
+def test_concurrent_clients_each_get_their_own_finals_from_shared_steps(streaming_transcriber, monkeypatch):
     """8 clients at once, each with its own audio, sent as fast as it goes: each gets exactly the finals the API
     gives its audio alone and an orderly close. The model thread is held until all 8 have sent everything, so the
     rounds after it hold all 8 streams: their encoder steps are shared (batches of 8)."""
     streams = 8
     audio = [speech_and_pauses(seed).numpy()[: 3 * RATE] for seed in range(streams)]
-    expected = [[u.to_json() for u in transcriber.stream([torch.from_numpy(heard_audio(a))]) if u.final] for a in audio]
-    server = StreamServer([transcriber], max_streams=streams, threads=1)
-    sizes, gate = batch_sizes(transcriber.streaming_model.network, monkeypatch), threading.Event()
+    expected = [[u.to_json() for u in streaming_transcriber.stream([torch.from_numpy(heard_audio(a))]) if u.final]
+                for a in audio]
+    server = StreamServer([streaming_transcriber], max_streams=streams, threads=1)
+    sizes, gate = batch_sizes(streaming_transcriber.streaming_model.network, monkeypatch), threading.Event()
     server.model_thread.submit(gate.wait, TIMEOUT)
 
     async def conversation(uri):
@@ -212,10 +209,10 @@ def test_concurrent_clients_each_get_their_own_finals_from_shared_steps(transcri
     assert max(sizes) == streams and sum(sizes) > 3 * len(sizes)  # most steps held several streams
 
 
-def test_the_event_loop_answers_while_the_model_is_busy(transcriber):
+def test_the_event_loop_answers_while_the_model_is_busy(streaming_transcriber):
     """With the model thread held, a client still connects, gets its ready message and sends all its audio: the
     event loop never waits for the model. Once the model is free, its results follow."""
-    server, gate = StreamServer([transcriber], threads=1), threading.Event()
+    server, gate = StreamServer([streaming_transcriber], threads=1), threading.Event()
     server.model_thread.submit(gate.wait, TIMEOUT)
 
     async def conversation(uri):
@@ -235,7 +232,7 @@ def test_the_event_loop_answers_while_the_model_is_busy(transcriber):
     assert code == 1000 and heard.results and heard.results[-1]["type"] == "final"
 
 
-def test_a_round_the_model_fails_ends_its_streams_with_1011_and_the_server_goes_on(transcriber, monkeypatch):
+def test_a_round_the_model_fails_ends_its_streams_with_1011_and_the_server_goes_on(streaming_transcriber, monkeypatch):
     calls = []
 
     def failing_once(*args):
@@ -244,18 +241,18 @@ def test_a_round_the_model_fails_ends_its_streams_with_1011_and_the_server_goes_
             raise RuntimeError("out of memory")
         return feed_together(*args)
 
-    monkeypatch.setattr(serve, "feed_together", failing_once)
+    monkeypatch.setattr(serving, "feed_together", failing_once)
     audio = speech_and_pauses().numpy()[: RATE]
 
     async def conversation(uri):
         return [await listen(uri, audio, RATE, realtime=False) for _ in range(2)]
 
-    failed, next_client = talk(StreamServer([transcriber], threads=1), conversation)
+    failed, next_client = talk(StreamServer([streaming_transcriber], threads=1), conversation)
     assert failed.code == 1011 and failed.errors == ["the model failed on this stream: RuntimeError: out of memory"]
     assert next_client.code == 1000 and next_client.finals and not next_client.errors
 
 
-def test_a_round_runs_when_a_stream_completes_a_chunk_not_on_every_message(transcriber, monkeypatch):
+def test_a_round_runs_when_a_stream_completes_a_chunk_not_on_every_message(streaming_transcriber, monkeypatch):
     """A client sending 2 s in 20 ms messages at real speed: the server runs a round once the audio of a chunk
     (80 ms) is there, about 25 and the end's, not one a message (100); each round before the end gives a partial."""
     rounds = []
@@ -265,9 +262,9 @@ def test_a_round_runs_when_a_stream_completes_a_chunk_not_on_every_message(trans
         rounds.append(updates[0])
         return updates
 
-    monkeypatch.setattr(serve, "feed_together", counted)
+    monkeypatch.setattr(serving, "feed_together", counted)
     audio = speech_and_pauses().numpy()[: 2 * RATE]
-    heard = talk(StreamServer([transcriber], threads=1), lambda uri: listen(uri, audio, RATE))
+    heard = talk(StreamServer([streaming_transcriber], threads=1), lambda uri: listen(uri, audio, RATE))
     assert heard.code == 1000 and heard.finals
     assert 10 <= len(rounds) <= 27 and all(any(not u.final for u in updates) for updates in rounds[:-1])
 

@@ -13,19 +13,12 @@ import torch
 from asr.inference.acoustic import CheckpointModel
 from asr.inference.transcriber import Transcriber
 from asr.tokenizer import BLANK_ID
-from tests.streams import RATE, ToneStream, speech_and_pauses, streaming_module
+from tests.streams import RATE, ToneStream, speech_and_pauses
 from tests.tones import FRAME, ToneModel, tones
 
-
-@pytest.fixture(autouse=True)
-def one_thread(keep_threads):
-    """A stream's steps are small: one thread, as asr.serve runs them (OpenMP's spin on a busy machine costs more)."""
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/inference/conftest.py
 
 
-@pytest.fixture(scope="module")
-def streaming_transcriber(char_tokenizer):
-    return Transcriber(CheckpointModel(streaming_module(char_tokenizer)))
 
 
 def pieces(audio: torch.Tensor, seed: int = 0, most: int = 4000) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ read and, with several ranks, one collective each:
     asr.train.module.ASRModule    train/loss_step, train/skipped_steps, max_consecutive_skips, the max_time clock
     asr.train.cost.CostMonitor    cost/...
     asr.train.resilience.Preemption  whether any rank was signalled
-    asr.data.faults.DataFaults    a split's failed utterances against data.max_dropped_share
+    asr.data.faults.DataFaults    a split's failed utterances against data.filter.max_dropped_share
 
 What must be the same on every rank within the step (the global batch's token count that scales the loss,
 whether to skip an update) is summed with ``all_sum``, which queues the collective on the device and returns.

@@ -17,7 +17,9 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import sentencepiece as spm
 
@@ -27,6 +29,30 @@ WORD_START = "\u2581"  # '▁': sentencepiece's mark on the first piece of a wor
 MODEL_TYPES = ("char", "unigram", "bpe")
 DEFAULT_MODEL_TYPE = "char"  # works on any amount of text; word pieces need enough text to learn from
 DEFAULT_VOCAB_SIZE = 64  # largest vocabulary when training unigram or bpe (ignored for char)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """A run's tokenizer (``--data.tokenizer.*``): a sentencepiece model given, or one trained on the training text.
+
+    Args:
+        model: a sentencepiece .model to use, or a checkpoint of asr whose tokenizer to use (with model.init_from:
+            keeps its CTC head whole); null trains one on the training text.
+        type: sentencepiece model type when training one: char, unigram or bpe.
+        vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
+    """
+
+    model: str | None = None
+    type: Literal["char", "unigram", "bpe"] = "unigram"  # 64 pieces (vocab_size): one per word of the bundled
+    # corpus' 30, plus characters
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+
+    def __post_init__(self):
+        if self.type not in MODEL_TYPES:
+            raise ValueError(f"data.tokenizer.type must be one of {MODEL_TYPES}, got {self.type!r}")
+        if self.vocab_size < 2:
+            raise ValueError(f"data.tokenizer.vocab_size must be at least 2 (the blank and one piece), got "
+                             f"{self.vocab_size}")
 
 
 class NotATokenizer(ValueError):

@@ -31,7 +31,7 @@ from asr.hardware import usable_cores
 from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.models.features import FeatureConfig
-from asr.tokenizer import Tokenizer
+from asr.tokenizer import Tokenizer, TokenizerConfig
 from tests.tones import RATE, tones
 
 TEXTS = ["call five two nine", "spell c a t", "nine four", "two five", "call nine", "four two one"]
@@ -132,8 +132,8 @@ TINY_ENCODER = {"d_model": 32, "n_heads": 4, "n_layers": 2, "block": "transforme
 
 # Data as these tests were written for, whatever the default run's (ASRDataModule's defaults): characters, each
 # utterance at its own speed, no augmentation, nothing cached, 4x subsampling's frames (as TINY_ENCODER's).
-PLAIN_DATA = {"tokenizer_type": "char", "max_batch_seconds": 60.0, "speed_perturb": [1.0], "cache_audio_mb": 0.0,
-              "subsampling": 4, "augmentation": Augmentation.off()}
+PLAIN_DATA = {"tokenizer": TokenizerConfig(type="char"), "max_batch_seconds": 60.0, "speed_perturb": [1.0],
+              "cache_audio_mb": 0.0, "subsampling": 4, "augmentation": Augmentation.off()}
 
 
 def encoder(**overrides) -> EncoderConfig:
@@ -258,9 +258,9 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture
 def tokenizer_arg(tmp_path) -> str:
-    """``--data.tokenizer_model=...`` of a small BPE tokenizer trained on two lines, for asr.bench.steps.build."""
+    """``--data.tokenizer.model=...`` of a small BPE tokenizer trained on two lines, for asr.bench.steps.build."""
     Tokenizer.train(["call five two nine", "go left erase three"]).save(tmp_path / "tokenizer.model")
-    return f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"
+    return f"--data.tokenizer.model={tmp_path / 'tokenizer.model'}"
 
 
 def pytest_collection_modifyitems(config, items):

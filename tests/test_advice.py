@@ -1,5 +1,5 @@
 """Every command's advice names flags that command accepts (issue 61: asr.shard's advice named asr.fit's
---data.max_dropped_share, which asr.shard refuses). The messages that carry a flag are made as each command makes
+--data.filter.max_dropped_share, which asr.shard refuses). The messages that carry a flag are made as each command makes
 them, and each flag is checked against the parser of the command it belongs to (tests/test_docs.py reads them): a flag
 after ``python -m asr.X`` (up to a closing bracket or a comma) is asr.X's, any other the command's that says it."""
 
@@ -113,7 +113,7 @@ def test_every_flag_a_command_advises_is_one_it_accepts(tmp_path, monkeypatch):
     pairs = [(module, flag, message) for command, message in messages for module, flag in advised(message, command)]
     reached = {(module, flag) for module, flag, _ in pairs}
     assert {(SHARD, "--max_dropped_share"), (SHARD, "--on_bad_line"), (SHARD, "--jobs"), (SHARD, "--shard_size"),
-            (FIT, "--data.max_dropped_share"), (FIT, "--data.shard_stall_seconds"),
+            (FIT, "--data.filter.max_dropped_share"), (FIT, "--data.shards.stall_seconds"),
             (FIT, "--model.finetune.allow_partial"), (TRANSCRIBE, "--output_dir")} <= reached, reached
     wrong = [f"{module} {flag}: {message}" for module, flag, message in pairs if not accepts(module, flag)]
     assert not wrong, "\n".join(wrong)

@@ -14,6 +14,7 @@ import torch
 
 from asr.data.augment import Augmentation
 from asr.data.datamodule import ASRDataModule
+from asr.tokenizer import TokenizerConfig
 
 
 def measure(data: ASRDataModule, batches: int) -> tuple[float, float, float]:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         if not next(iter(given.values())):
             continue
         for name, augmentation in (("default run's", Augmentation()), ("none", Augmentation.off())):
-            data = ASRDataModule(**given, tokenizer_model=tokenizer, num_workers=0,
+            data = ASRDataModule(**given, tokenizer=TokenizerConfig(tokenizer), num_workers=0,
                                  max_batch_seconds=args.max_batch_seconds, augmentation=augmentation,
                                  subsampling=4)  # 40 ms frames' feasibility rule: the shards' characters fit every line
             per_second, _, padding = measure(data, args.batches)

@@ -52,7 +52,7 @@ def network(config: dict, objective: str, joint_dim: int, device: torch.device) 
     transducer = replace(TransducerConfig(**(model.get("transducer") or {})), joint_dim=joint_dim)
     made = objective_class(objective)(**({} if objective == "ctc" else {"transducer": transducer}))
     features = FeatureConfig(data["sample_rate"], **model["features"])
-    net = made.network(features, EncoderConfig(**model["encoder"]), data["tokenizer_vocab_size"], None, 0)
+    net = made.network(features, EncoderConfig(**model["encoder"]), data["tokenizer"]["vocab_size"], None, 0)
     return net.to(device).train(), made
 
 
@@ -105,7 +105,7 @@ def rows(args: argparse.Namespace) -> list[dict]:
             for joint_dim in (args.joint_dims if objective != "ctc" else [0]):
                 net, made = network(config, objective, joint_dim or 1, device)
                 batch = batch_of(seconds, args.utterance_seconds, args.tokens_per_second,
-                                 config["data"]["tokenizer_vocab_size"], net.sample_rate, device)
+                                 config["data"]["tokenizer"]["vocab_size"], net.sample_rate, device)
                 peak = step_bytes(net, made, batch, dtype)
                 ctc = peak if objective == "ctc" else ctc
                 found.append({"preset": preset, "objective": objective, "joint_dim": joint_dim or None,

@@ -36,7 +36,7 @@ HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
 def model_of(*configs: Path, device: str = "meta", checkpoint_every: int = 0) -> CTCModel:
     """The CTCModel of ``python -m asr.fit --config A --config B ...``, on ``device`` (meta: shapes only): the
     settings as asr.fit's own parser resolves them (its ``--print_config``), the vocabulary at
-    data.tokenizer_vocab_size."""
+    data.tokenizer.vocab_size."""
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit), \
             mock.patch.object(sys, "argv", sys.argv[:1]):  # this command's own flags are not asr.fit's
         fitting.main([arg for config in configs for arg in ("--config", str(config))] + ["--print_config"])
@@ -44,7 +44,7 @@ def model_of(*configs: Path, device: str = "meta", checkpoint_every: int = 0) ->
     model, data = config["model"], config["data"]
     features = FeatureConfig(data["sample_rate"], **model["features"])
     with torch.device(device):
-        return CTCModel(features, EncoderConfig(**model["encoder"]), data["tokenizer_vocab_size"],
+        return CTCModel(features, EncoderConfig(**model["encoder"]), data["tokenizer"]["vocab_size"],
                         checkpoint_every=checkpoint_every).to(device)
 
 

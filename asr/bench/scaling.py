@@ -65,7 +65,7 @@ def configurations(args) -> dict:
 
 def build(preset: str, precision: str, checkpoint_every: int, compile: bool, args) -> tuple[ASRCLI, Batch]:
     """(model, data and trainer as asr.fit builds them for the preset and these settings, a batch for it)."""
-    cli = build_cli(preset, f"--data.tokenizer_model={args.tokenizer_model}", f"--trainer.precision={precision}",
+    cli = build_cli(preset, f"--data.tokenizer.model={args.tokenizer_model}", f"--trainer.precision={precision}",
                     f"--model.checkpoint_every={checkpoint_every}", f"--model.compile={str(compile).lower()}")
     return cli, batch(args, cli)
 

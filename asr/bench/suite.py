@@ -67,7 +67,7 @@ def fit_args(workdir: Path, settings: Settings) -> tuple[str, ...]:
     with its tokenizer, ``settings``' batch seconds and seed, and the run folder in ``workdir``."""
     manifest = workdir / "train.jsonl"
     return (f"--data.train_manifest={manifest}", f"--data.val_manifest={manifest}", "--data.test_manifest=null",
-            f"--data.tokenizer_model={workdir / 'tokenizer.model'}",
+            f"--data.tokenizer.model={workdir / 'tokenizer.model'}",
             f"--data.max_batch_seconds={settings.batch_seconds}", f"--data.seed={settings.seed}",
             f"--seed_everything={settings.seed}", f"--trainer.default_root_dir={workdir}")
 

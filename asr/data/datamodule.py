@@ -23,7 +23,9 @@ from asr.data.augment import Augmentation, Augmenter
 from asr.data.dataset import ASRDataset, AudioCache, as_collated, random_voice
 from asr.data.faults import DataFaults
 from asr.data.sampler import BucketBatchSampler, ResumableLoader
-from asr.data.shard_run import check_partition, check_shard_settings, shard_list, shards_tokenizer, stream_loader
+from asr.data.manifest import FilterConfig
+from asr.data.shard_run import (ShardsConfig, check_partition, check_weights, shard_list, shards_tokenizer,
+                                  stream_loader)
 from asr.data.shards import ShardIndex
 from asr.data.sources import Source, source_for
 from asr.data.stream_loader import StreamLoader
@@ -34,7 +36,7 @@ from asr.models.features import FeatureConfig
 from asr.models.objectives import objective_class
 from asr.models.subsampling import encoder_frames
 from asr.settings import plain_settings
-from asr.tokenizer import DEFAULT_VOCAB_SIZE, UNK_ID, NotATokenizer, Tokenizer
+from asr.tokenizer import UNK_ID, NotATokenizer, Tokenizer, TokenizerConfig
 
 
 BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and file dropped, FILE:LINE: reason
@@ -43,7 +45,7 @@ BAD_LINES_FILE = "bad_lines.txt"  # in the run folder: every line skipped and fi
 class ASRDataModule(pl.LightningDataModule):
     """Manifests in, length-bucketed batches out, for 8 kHz or 16 kHz models.
 
-    The tokenizer (``self.tokenizer``) is loaded from ``tokenizer_model`` or trained on the
+    The tokenizer (``self.tokenizer``) is loaded from ``tokenizer.model`` or trained on the
     training manifest's text; asr.train.fitting links it, and ``sample_rate``, to the model.
     """
 
@@ -54,19 +56,13 @@ class ASRDataModule(pl.LightningDataModule):
         test_manifest: str | None = "data/mini/test.jsonl",
         sample_rate: int = FeatureConfig.sample_rate,
         resample: Literal["resample", "error"] = "resample",
-        tokenizer_model: str | None = None,
-        tokenizer_type: Literal["char", "unigram", "bpe"] = "unigram",  # 64 pieces (tokenizer_vocab_size): one per
-        # word of the bundled corpus' 30, plus characters
-        tokenizer_vocab_size: int = DEFAULT_VOCAB_SIZE,
+        tokenizer: TokenizerConfig = TokenizerConfig(),
         max_batch_seconds: float = 20.0,  # 18 minutes of audio: small batches give enough steps per epoch; with epochs
         # sized to the budget, 40 s was worse on dev for seeds 0 and 1, 10 s worse for seed 0 and better for seed 1
         # (docs/benchmarks.md, 2026-11-25 later)
         speed_perturb: list[float] = [0.9, 1.0, 1.1],  # three speeds of each of the corpus' voices
         shuffle: bool = True,
-        min_duration: float = 0.1,
-        max_duration: float = 20.0,
-        on_bad_line: Literal["error", "skip"] = "skip",
-        max_dropped_share: float = 0.01,
+        filter: FilterConfig = FilterConfig(),  # noqa: A002  (--data.filter.*: the flag's name)
         num_workers: int | Auto = AUTO,
         cache_audio_mb: float = 1024.0,  # each split's audio kept in each data worker (data/mini's train split at 3
         # speeds: 0.2 GB)
@@ -75,9 +71,7 @@ class ASRDataModule(pl.LightningDataModule):
         objective: str = "ctc",
         augmentation: Augmentation = Augmentation(),
         train_shards: str | list[str] | None = None,
-        train_shard_weights: list[float] | None = None,
-        shard_buffer: int = 10000,
-        shard_stall_seconds: float = 600.0,
+        shards: ShardsConfig = ShardsConfig(),
     ):
         """
         Args:
@@ -86,22 +80,12 @@ class ASRDataModule(pl.LightningDataModule):
             test_manifest: manifest for ``trainer.test`` after fitting; null for none.
             sample_rate: Hz the model works at; files at other rates are resampled on loading.
             resample: "resample" files at another rate (said once, with the count) or make them an "error".
-            tokenizer_model: a sentencepiece .model to use, or a checkpoint of asr whose tokenizer to use
-                (with model.init_from: keeps its CTC head whole); null trains one on the training text.
-            tokenizer_type: sentencepiece model type when training one: char, unigram or bpe.
-            tokenizer_vocab_size: largest vocabulary when training a unigram or bpe tokenizer.
+            tokenizer: the tokenizer given, or how to train one on the training text (asr.tokenizer.TokenizerConfig).
             max_batch_seconds: a batch holds at most this many seconds of padded audio (at its speed_perturb speed, before tempo).
             speed_perturb: training audio is played at a random one of these speeds, e.g. [0.9, 1.0, 1.1].
             shuffle: new training batches in random order each epoch; false keeps them sorted by length.
-            min_duration: utterances shorter than this (seconds) are bad lines.
-            max_duration: utterances longer than this (seconds), or than max_batch_seconds, are bad lines.
-            on_bad_line: "skip" drops bad lines (unreadable, truncated or empty audio, bad JSON, text too long
-                for the audio, ...), counts them by reason and lists them in the run folder's bad_lines.txt;
-                "error" stops before training at the first manifest with any.
-            max_dropped_share: the one limit on bad data: with on_bad_line skip, more bad lines than this share
-                of a manifest's stop the run before training; audio that fails to load mid-run (deleted or cut
-                short since start-up) is dropped from its batch and named, and more than this share of a
-                split failing in one pass stops the run.
+            filter: which lines are trained and evaluated on, and what becomes of the others
+                (asr.data.manifest.FilterConfig).
             num_workers: DataLoader worker processes that read, resample and augment audio; "auto": one per CPU
                 training process with 2+ cores to itself, its share of the cores less one (at most 8) per GPU.
             cache_audio_mb: megabytes of read audio (each utterance at each speed it was played at) that each
@@ -115,60 +99,48 @@ class ASRDataModule(pl.LightningDataModule):
             train_shards: train from Lhotse Shar shards written by python -m asr.shard instead of train_manifest: a
                 folder, an https:// or s3:// address of one, or a list of them to mix (asr.data.shards). Start-up
                 reads only their index; training is by steps (trainer.max_steps or max_time).
-            train_shard_weights: with several train_shards, how often each is drawn from (default: equally).
-            shard_buffer: cuts each data worker holds to bucket and shuffle shard audio (memory: this many
-                utterances' FLAC audio per worker, ~14 kB per second of 16 kHz speech: 1.4 GB at 10 s each),
-                at most the cuts of one pass over the worker's shards.
-            shard_stall_seconds: a rank that gets no training batch from its shards, and hears of no usable
-                utterance read, for this long stops the run (last.ckpt written first) naming the shards it was
-                reading and what failed; sooner when each of its data workers read a whole pass of shards without
-                one utterance. 0 = wait for ever (asr.data.stream_loader).
+            shards: how train_shards are read (asr.data.shard_run.ShardsConfig).
         """
         super().__init__()
         if not speed_perturb or min(speed_perturb) <= 0:
             raise ValueError(f"data.speed_perturb must be a non-empty list of positive factors, got {speed_perturb}")
         if num_workers != AUTO and num_workers < 0:
             raise ValueError(f"data.num_workers must be 'auto' or >= 0, got {num_workers}")
-        if max_batch_seconds <= 0 or not 0 <= min_duration < max_duration:
-            raise ValueError(f"data.max_batch_seconds must be > 0 and 0 <= data.min_duration < data.max_duration, got "
-                             f"{max_batch_seconds:g}, {min_duration:g} and {max_duration:g}")
-        if tokenizer_vocab_size < 2:
-            raise ValueError(f"data.tokenizer_vocab_size must be at least 2 (the blank and one piece), got {tokenizer_vocab_size}")
+        if max_batch_seconds <= 0:
+            raise ValueError(f"data.max_batch_seconds must be > 0, got {max_batch_seconds:g}")
         if cache_audio_mb < 0:
             raise ValueError(f"data.cache_audio_mb must be >= 0 (0 = off), got {cache_audio_mb}")
-        check_shard_settings(train_shards, train_shard_weights, shard_buffer, shard_stall_seconds)
-        if not 0 <= max_dropped_share <= 1:
-            raise ValueError(f"data.max_dropped_share must be between 0 and 1, got {max_dropped_share}")
+        check_weights(train_shards, shards.weights)
         self.save_hyperparameters()
         plain_settings(self)
-        self.augmentation = augmentation
+        self.augmentation, self.filter, self.shards, self.tokenizer_settings = augmentation, filter, shards, tokenizer
         self.datasets: dict[str, ASRDataset] = {}
         self.faults: dict[str, DataFaults] = {}  # per split, kept across its loaders
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
-        hp = self.hparams
-        if hp.tokenizer_model:
+        hp, settings = self.hparams, self.tokenizer_settings
+        if settings.model:
             try:
-                return Tokenizer.load(hp.tokenizer_model)
+                return Tokenizer.load(settings.model)
             except (OSError, RuntimeError, ValueError) as err:  # missing, a folder, not a sentencepiece model
                 reason = "no such file" if isinstance(err, FileNotFoundError) else \
                     str(err) if isinstance(err, NotATokenizer) else \
                     f"not a sentencepiece model or checkpoint of asr ({' '.join(str(err).split())[:160]})"
-                raise ValueError(f"data.tokenizer_model {hp.tokenizer_model}: {reason}") from err
+                raise ValueError(f"data.tokenizer.model {settings.model}: {reason}") from err
         if hp.train_shards:
             return shards_tokenizer(self.corpora)
         utterances, _ = self.source("train").parse()
         if not utterances:
             raise mf.ManifestError(f"{hp.train_manifest}: no usable line to train the tokenizer on")
         try:
-            tokenizer = Tokenizer.train((u.text for u in utterances), hp.tokenizer_type, hp.tokenizer_vocab_size)
+            tokenizer = Tokenizer.train((u.text for u in utterances), settings.type, settings.vocab_size)
         except RuntimeError as err:  # sentencepiece's trainer: e.g. a vocabulary smaller than the text's characters
-            raise ValueError(f"data.tokenizer_vocab_size {hp.tokenizer_vocab_size}: sentencepiece cannot train a "
-                             f"{hp.tokenizer_type} tokenizer of that size on {hp.train_manifest} "
+            raise ValueError(f"data.tokenizer.vocab_size {settings.vocab_size}: sentencepiece cannot train a "
+                             f"{settings.type} tokenizer of that size on {hp.train_manifest} "
                              f"({' '.join(str(err).split())[:160]})") from err
         rank_zero_info(
-            f"trained a {hp.tokenizer_type} tokenizer of {tokenizer.vocab_size} pieces on "
+            f"trained a {settings.type} tokenizer of {tokenizer.vocab_size} pieces on "
             f"{len(utterances)} lines of {hp.train_manifest}"
         )
         return tokenizer
@@ -217,7 +189,8 @@ class ASRDataModule(pl.LightningDataModule):
                 tokens.append(ids)
                 notes.append(note)
                 fastest.append(fits[-1])
-        mf.report(sorted(problems, key=_line_order), path, total, hp.on_bad_line, hp.max_dropped_share,
+        rule = self.filter
+        mf.report(sorted(problems, key=_line_order), path, total, rule.on_bad_line, rule.max_dropped_share,
                   self.bad_lines_file)
         mf.say_notes(notes, path, hp.sample_rate)
         if not good:
@@ -240,13 +213,15 @@ class ASRDataModule(pl.LightningDataModule):
 
     def check_utterance(self, utt: mf.Utterance, ids: list[int]) -> mf.Problem | None:
         """Duration bounds and text the tokenizer knows (the objective's length rule: ``too_fast``)."""
-        hp = self.hparams
-        longest = min(hp.max_duration, hp.max_batch_seconds)  # a longer one would not fit in a batch
-        if not hp.min_duration <= utt.duration <= longest:
-            bounds = f"[data.min_duration, min(data.max_duration, data.max_batch_seconds)] = [{hp.min_duration}, {longest}]"
+        hp, rule = self.hparams, self.filter
+        longest = min(rule.max_duration, hp.max_batch_seconds)  # a longer one would not fit in a batch
+        if not rule.min_duration <= utt.duration <= longest:
+            bounds = (f"[data.filter.min_duration, min(data.filter.max_duration, data.max_batch_seconds)] = "
+                      f"[{rule.min_duration}, {longest}]")
             return mf.Problem(utt.source, "duration out of bounds", f"{utt.duration:.2f} s is outside {bounds}")
         if UNK_ID in ids:
-            given = f" (data.tokenizer_model {hp.tokenizer_model}'s)" if hp.tokenizer_model else ""
+            model = self.tokenizer_settings.model
+            given = f" (data.tokenizer.model {model}'s)" if model else ""
             return mf.Problem(utt.source, "untokenisable text", f"{utt.text!r} has characters the tokenizer{given} lacks")
         return None
 
@@ -284,7 +259,7 @@ class ASRDataModule(pl.LightningDataModule):
                                  num_workers=workers, persistent_workers=workers > 0, pin_memory=self.on_gpu,
                                  worker_init_fn=partial(init_data_worker, rank=rank))
         loader.faults = self.faults.setdefault(
-            split, DataFaults(split, len(dataset), self.hparams.max_dropped_share, self.trainer, self.bad_lines_file))
+            split, DataFaults(split, len(dataset), self.filter.max_dropped_share, self.trainer, self.bad_lines_file))
         return loader
 
     @property

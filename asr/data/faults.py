@@ -20,7 +20,7 @@ from asr.intervals import host_step
 
 
 class DataFaultError(AudioError):
-    """More of a split's utterances failed to load in one pass than data.max_dropped_share allows; lists them."""
+    """More of a split's utterances failed to load in one pass than data.filter.max_dropped_share allows; lists them."""
 
 
 class DataStalled(DataFaultError):
@@ -91,7 +91,7 @@ class DataFaults:
                 f.write(f"{fault} (failed mid-run, {self.split})\n")
         warnings.warn(self.say(
             f"dropped a {self.split} utterance whose audio no longer loads: {fault} ({self.lost} of {self.size} "
-            f"in this pass; above data.max_dropped_share={self.max_share} the run stops)"), UserWarning, stacklevel=4)
+            f"in this pass; above data.filter.max_dropped_share={self.max_share} the run stops)"), UserWarning, stacklevel=4)
 
     def check(self) -> None:
         """DataStalled when a rank's stream stalled, DataFaultError when more than the allowed share of the split
@@ -112,8 +112,8 @@ class DataFaults:
             listed = "\n  ".join(fault for fault, _ in merged.values())
             raise DataFaultError(
                 f"{counted} of {self.size} {self.split} utterances failed to load in this pass, more than "
-                f"data.max_dropped_share={self.max_share} allows:\n  {listed}\n"
-                f"{self.mend}, or raise --data.max_dropped_share."
+                f"data.filter.max_dropped_share={self.max_share} allows:\n  {listed}\n"
+                f"{self.mend}, or raise --data.filter.max_dropped_share."
             )
 
     def distributed(self) -> bool:

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import soundfile
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
@@ -39,6 +40,37 @@ DURATION_TOLERANCE = (0.1, 0.01)  # seconds, and share of the duration: audio th
 
 class ManifestError(ValueError):
     """Bad manifest lines with on_bad_line=error; the message lists FILE:LINE: reason."""
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """Which lines a run trains and evaluates on, and what becomes of the others (``--data.filter.*``).
+
+    Args:
+        min_duration: utterances shorter than this (seconds) are bad lines.
+        max_duration: utterances longer than this (seconds), or than data.max_batch_seconds, are bad lines.
+        on_bad_line: "skip" drops bad lines (unreadable, truncated or empty audio, bad JSON, text too long
+            for the audio, ...), counts them by reason and lists them in the run folder's bad_lines.txt;
+            "error" stops before training at the first manifest with any.
+        max_dropped_share: the one limit on bad data: with on_bad_line skip, more bad lines than this share
+            of a manifest's stop the run before training; audio that fails to load mid-run (deleted or cut
+            short since start-up) is dropped from its batch and named, and more than this share of a
+            split failing in one pass stops the run.
+    """
+
+    min_duration: float = 0.1
+    max_duration: float = 20.0
+    on_bad_line: Literal["error", "skip"] = "skip"
+    max_dropped_share: float = 0.01
+
+    def __post_init__(self):
+        if not 0 <= self.min_duration < self.max_duration:
+            raise ValueError(f"data.filter.min_duration and max_duration must be 0 <= min_duration < max_duration, "
+                             f"got {self.min_duration:g} and {self.max_duration:g}")
+        if self.on_bad_line not in BAD_LINE_POLICIES:
+            raise ValueError(f"data.filter.on_bad_line must be one of {BAD_LINE_POLICIES}, got {self.on_bad_line!r}")
+        if not 0 <= self.max_dropped_share <= 1:
+            raise ValueError(f"data.filter.max_dropped_share must be between 0 and 1, got {self.max_dropped_share}")
 
 
 @dataclass(frozen=True)
@@ -200,12 +232,12 @@ def _naming(audio: Path, source: str, reason: str) -> str:
 
 
 def report(problems: list[Problem], manifest: str | Path, total: int, on_bad_line: str, max_share: float = 0.0,
-           listing: Path | None = None, settings: str = "data.") -> None:
+           listing: Path | None = None, settings: str = "data.filter.") -> None:
     """Bad lines of a manifest of ``total``: with on_bad_line=skip they are dropped, counted by reason and
     listed (the first SHOWN_PROBLEMS in the log, all in ``listing`` if given), and ManifestError stops the
     run only when they are more than ``max_share`` of the lines; with on_bad_line=error, any one stops it.
     The messages name the settings as the calling command spells them: ``settings`` + on_bad_line (asr.fit's
-    data.on_bad_line, asr.shard's on_bad_line)."""
+    data.filter.on_bad_line, asr.shard's on_bad_line)."""
     if not problems:
         return
     counts = ", ".join(f"{n} {kind}" for kind, n in Counter(p.kind for p in problems).most_common())

@@ -1,9 +1,10 @@
-"""Shards in a run (asr.data.shards is how they are read): the DataModule's settings, the tokenizer they carry,
-the ranks' check that they read the same shards, the by-steps rule of a stream, and its training loader."""
+"""Shards in a run (asr.data.shards is how they are read): the DataModule's settings (ShardsConfig), the tokenizer
+they carry, the ranks' check that they read the same shards, the by-steps rule of a stream, and its training loader."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -21,16 +22,39 @@ def shard_list(train_shards: str | list[str] | None) -> list[str]:
     return [] if not train_shards else [train_shards] if isinstance(train_shards, str) else list(train_shards)
 
 
-def check_shard_settings(train_shards: str | list[str] | None, weights: list[float] | None, buffer: int,
-                         stall_seconds: float) -> None:
-    """The DataModule's shard settings, checked when it is built (ValueError naming the flag)."""
-    if weights is not None and (len(weights) != len(shard_list(train_shards)) or min(weights) <= 0):
-        raise ValueError(f"data.train_shard_weights must be one positive weight per data.train_shards entry, got "
+@dataclass(frozen=True)
+class ShardsConfig:
+    """How a run reads its data.train_shards (``--data.shards.*``).
+
+    Args:
+        weights: with several data.train_shards, how often each is drawn from (default: equally).
+        buffer: cuts each data worker holds to bucket and shuffle shard audio (memory: this many utterances'
+            FLAC audio per worker, ~14 kB per second of 16 kHz speech: 1.4 GB at 10 s each), at most the cuts of
+            one pass over the worker's shards.
+        stall_seconds: a rank that gets no training batch from its shards, and hears of no usable utterance read,
+            for this long stops the run (last.ckpt written first) naming the shards it was reading and what
+            failed; sooner when each of its data workers read a whole pass of shards without one utterance. 0 =
+            wait for ever (asr.data.stream_loader).
+    """
+
+    weights: list[float] | None = None
+    buffer: int = 10000
+    stall_seconds: float = 600.0
+
+    def __post_init__(self):
+        if self.weights is not None and (not self.weights or min(self.weights) <= 0):
+            raise ValueError(f"data.shards.weights must be positive, got {self.weights}")
+        if self.buffer < 1:
+            raise ValueError(f"data.shards.buffer must be at least 1, got {self.buffer}")
+        if self.stall_seconds < 0:
+            raise ValueError(f"data.shards.stall_seconds must be >= 0 (0: wait for ever), got {self.stall_seconds:g}")
+
+
+def check_weights(train_shards: str | list[str] | None, weights: list[float] | None) -> None:
+    """data.shards.weights, if given, has one weight per data.train_shards entry (ValueError naming both)."""
+    if weights is not None and len(weights) != len(shard_list(train_shards)):
+        raise ValueError(f"data.shards.weights must be one positive weight per data.train_shards entry, got "
                          f"{weights} for {shard_list(train_shards)}")
-    if buffer < 1:
-        raise ValueError(f"data.shard_buffer must be at least 1, got {buffer}")
-    if stall_seconds < 0:
-        raise ValueError(f"data.shard_stall_seconds must be >= 0 (0: wait for ever), got {stall_seconds:g}")
 
 
 def shards_tokenizer(corpora: list[ShardIndex]) -> Tokenizer:
@@ -39,7 +63,7 @@ def shards_tokenizer(corpora: list[ShardIndex]) -> Tokenizer:
     if any(t.serialized != tokenizers[0].serialized for t in tokenizers):
         raise ShardsError("data.train_shards: the corpora were written with different tokenizers (" + ", ".join(
             f"{c.root}: {t.vocab_size} pieces" for c, t in zip(corpora, tokenizers)) + "); give the one to train "
-            "with as --data.tokenizer_model, or write the shards with python -m asr.shard --tokenizer_model")
+            "with as --data.tokenizer.model, or write the shards with python -m asr.shard --tokenizer_model")
     return tokenizers[0]
 
 
@@ -86,7 +110,7 @@ def check_by_steps(trainer, validates: bool) -> None:
 def stream_loader(data) -> StreamLoader:
     """The training loader of an ``ASRDataModule`` (``data``) with data.train_shards: one ``ShardStream`` per rank,
     its data workers each reading their own shards; it stops the run when the stream stalls
-    (data.shard_stall_seconds) and heeds the run's Preemption callback while it waits (asr.data.stream_loader)."""
+    (data.shards.stall_seconds) and heeds the run's Preemption callback while it waits (asr.data.stream_loader)."""
     from pytorch_lightning.utilities import rank_zero_info
 
     hp, trainer = data.hparams, data.trainer
@@ -94,9 +118,9 @@ def stream_loader(data) -> StreamLoader:
     workers = data.workers
     for corpus in data.corpora:  # before any worker starts: one message, not one per worker
         EndlessShards(corpus.shards, 0, world, 0, max(1, workers), "", corpus.root)
-    weights = hp.train_shard_weights or [1.0] * len(data.corpora)
+    weights = data.shards.weights or [1.0] * len(data.corpora)
     batcher = CutBatcher(data.tokenizer, hp.sample_rate, tuple(hp.speed_perturb), data.augmentation, data.unusable)
-    stream = ShardStream(data.corpora, weights, batcher, hp.max_batch_seconds, hp.seed, rank, world, hp.shard_buffer,
+    stream = ShardStream(data.corpora, weights, batcher, hp.max_batch_seconds, hp.seed, rank, world, data.shards.buffer,
                          start)
     if start:
         rank_zero_info(f"data.train_shards: resumed at step {start}; the shards' order and buckets are drawn anew "
@@ -107,8 +131,8 @@ def stream_loader(data) -> StreamLoader:
                           pin_memory=data.on_gpu, worker_init_fn=partial(init_data_worker, rank=rank))
     size = sum(corpus.utterances for corpus in data.corpora)
     loader.faults = data.faults.setdefault(
-        "train", DataFaults("train", size, hp.max_dropped_share, trainer, data.bad_lines_file,
+        "train", DataFaults("train", size, data.filter.max_dropped_share, trainer, data.bad_lines_file,
                             "Check or write the shards again (python -m asr.shard)"))
-    loader.stall_seconds, loader.trainer = hp.shard_stall_seconds, trainer
+    loader.stall_seconds, loader.trainer = data.shards.stall_seconds, trainer
     loader.preemption = next((c for c in trainer.callbacks if isinstance(c, SignalStop)), None) if trainer else None
     return loader

@@ -8,7 +8,7 @@ minutes; every file was checked when the shards were written.
 Each training process (rank) and each of its data workers reads its own shards: the shards are shuffled from
 (seed, pass), rank r of R takes every R-th from r on, and its worker w of W every W-th of those, pass after pass,
 endlessly (``EndlessShards``); ranks check that they read the same index by its digest, not by opening files.
-Lhotse's ``DynamicBucketingSampler`` in each worker buffers ``data.shard_buffer`` cuts, groups them into duration
+Lhotse's ``DynamicBucketingSampler`` in each worker buffers ``data.shards.buffer`` cuts, groups them into duration
 buckets (from the index, so nothing is read to estimate them) and yields batches of up to ``max_batch_seconds``;
 ``CutBatcher`` turns them into asr's ``Batch`` with the same speed perturbation, augmentation and tokens as the
 manifest path. Memory per worker is bounded by the buffer, not the corpus.
@@ -153,7 +153,7 @@ class ShardIndex:
                 raise
             raise ShardsError(f"{flag}: {address} is not a tokenizer of asr ({' '.join(str(err).split())[:160]}): "
                               "write the shards again with python -m asr.shard, or train with another one "
-                              "(--data.tokenizer_model)") from err
+                              "(--data.tokenizer.model)") from err
 
 
 def check_counts(data: dict, address: str, flag: str) -> None:

@@ -11,7 +11,7 @@ workers, the readers themselves), and it stops waiting
 
 - when, since the last sign of progress (a batch, or usable cuts on their way to the sampler), each reader (data
   worker) has read a whole pass of its shards of each corpus without a cut: nothing will come;
-- when no progress came for ``stall_seconds`` (data.shard_stall_seconds; 0: never) of this wait (time spent
+- when no progress came for ``stall_seconds`` (data.shards.stall_seconds; 0: never) of this wait (time spent
   training or validating does not count);
 - when the run's Preemption callback heard SIGTERM, SIGUSR1 or SIGINT (asr.train.resilience).
 
@@ -135,9 +135,9 @@ class Watch:
         now = self.clock()
         reads = "".join(f"\n  worker {w} has been reading {address} for {now - since:.0f} s"
                         for w, (address, since) in sorted(self.reading.items()))
-        return (f"no training batch for {waited:.0f} s (--data.shard_stall_seconds {self.stall_seconds:g}):{reads}"
+        return (f"no training batch for {waited:.0f} s (--data.shards.stall_seconds {self.stall_seconds:g}):{reads}"
                 f"{self.listed(' failed since the last batch')}\nCheck the storage or server that holds the shards; "
-                "--data.shard_stall_seconds sets how long a rank waits")
+                "--data.shards.stall_seconds sets how long a rank waits")
 
     def listed(self, heading: str = "") -> str:
         """The failures since the last progress, one a line (the first SHOWN_PROBLEMS)."""

@@ -14,7 +14,7 @@ What differs from one pass over the whole file, and why it is small:
 - features are normalised per utterance (asr/models/features.py): here per chunk, i.e. over 30 s of
   audio by default, which estimates each bin's mean and variance as well as the whole file;
 - positions: the model's sinusoidal positions restart in every chunk, which keeps them in
-  the range training saw (training utterances are at most ``data.max_duration`` long);
+  the range training saw (training utterances are at most ``data.filter.max_duration`` long);
 - attention: with ``attention_window`` (the default config: 4 frames either side, 4 layers,
   so a frame sees about 0.7 s either way) the 2 s of context on each side of a kept frame
   covers the model's whole reach; a global-attention model sees 30 s instead of the file.

@@ -16,6 +16,7 @@ from pathlib import Path
 from asr.atomic import write_atomically
 from asr.data.manifest import Utterance
 from asr.data.sources import ManifestSource
+from asr.tokenizer import TokenizerConfig
 
 
 def subset_path(out: Path, fraction: float) -> Path:
@@ -56,14 +57,13 @@ def draw_subsets(manifest: str, fractions: list[float], seed: int, out: Path) ->
 def tokenizer_path(base: dict, out: Path) -> Path:
     """The tokenizer every trial uses: the base config's, or one trained once on the whole training manifest."""
     data = base["data"]
-    if data.get("tokenizer_model"):
-        return Path(data["tokenizer_model"]).resolve()
+    if data["tokenizer"].get("model"):
+        return Path(data["tokenizer"]["model"]).resolve()
     path = out / "data" / "tokenizer.model"
     if not path.is_file():  # trained as asr.fit would, by the DataModule
         from asr.data.datamodule import ASRDataModule
 
-        module = ASRDataModule(train_manifest=data["train_manifest"], tokenizer_type=data["tokenizer_type"],
-                               tokenizer_vocab_size=data["tokenizer_vocab_size"])
+        module = ASRDataModule(train_manifest=data["train_manifest"], tokenizer=TokenizerConfig(**data["tokenizer"]))
         with write_atomically(path) as partial:
             module.tokenizer.save(partial)
     return path

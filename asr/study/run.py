@@ -220,7 +220,7 @@ def fit_arguments(study: Study, base: dict, trial: Trial, out: Path) -> list[str
         "--data.train_manifest", str(subset_path(out, trial.fraction).resolve()),
         "--data.val_manifest", str(Path(data["val_manifest"]).resolve()),
         "--data.test_manifest", str(Path(data["test_manifest"]).resolve()),
-        "--data.tokenizer_model", str(tokenizer_path(base, out).resolve()),
+        "--data.tokenizer.model", str(tokenizer_path(base, out).resolve()),
         "--trainer.max_steps", str(study.max_steps), "--trainer.max_epochs", "-1",
         # counted in batches across epochs, so validation is due whatever an epoch's length
         "--trainer.val_check_interval", str(study.val_every), "--trainer.check_val_every_n_epoch", "null",

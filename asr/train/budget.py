@@ -278,7 +278,7 @@ class Search:
             where = [str(self.save_dir), self.name]
         else:
             limit, where = plan.winner_seconds, [str(self.folder), candidate.name]
-        return [*self.args, "--data.tokenizer_model", str(self.tokenizer), *candidate.overrides(total, limit),
+        return [*self.args, "--data.tokenizer.model", str(self.tokenizer), *candidate.overrides(total, limit),
                 "--trainer.logger.init_args.save_dir", where[0], "--trainer.logger.init_args.name", where[1],
                 *([] if final else ["--test", "false"]), *(["--ckpt_path", probe.checkpoint] if probe.checkpoint else [])]
 

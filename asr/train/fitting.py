@@ -294,7 +294,7 @@ def same_model(checkpoint: dict, module: ASRModule) -> str:
     shape of any weight (with the settings that differ)."""
     if checkpoint.get("tokenizer") is not None and checkpoint["tokenizer"] != module.tokenizer.serialized:
         return (f"its tokenizer is another ({Tokenizer(checkpoint['tokenizer']).vocab_size} pieces, this run's "
-                f"{module.tokenizer.vocab_size}; give the run's own with --data.tokenizer_model)")
+                f"{module.tokenizer.vocab_size}; give the run's own with --data.tokenizer.model)")
     changed = settings_changed(checkpoint.get("hyper_parameters", {}), module)
     inputs = [c for c in changed if c.split()[0].split(".")[0] in INPUT_SETTINGS]
     if inputs:
@@ -319,8 +319,8 @@ def nothing_left(trainer: pl.Trainer, reached: dict) -> str | None:
 
 def build(args: list[str] | None = None) -> ASRCLI:
     """Parse ``args`` (default: the command line) and build model, data and trainer: the --config files, if any,
-    on the signature defaults and TRAINER_DEFAULTS; the schedule's old flat flags (asr.train.legacy.FLAT_FLAGS) read
-    as the grouped ones, said once."""
+    on the signature defaults and TRAINER_DEFAULTS; the old flat flags of the schedule's and the data's grouped
+    settings (asr.train.legacy.FLAT_FLAGS) read as the grouped ones, said once."""
     given = map_configs(sys.argv[1:] if args is None else args, read_config)
     old = [arg.partition("=")[0] for arg in given if arg.partition("=")[0] in FLAT_FLAGS]
     if old:
@@ -365,7 +365,7 @@ def read_config(path: str) -> str:
     if grouped is not None:
         rank_zero_info(f"--config {path}: flat settings of an older asr, read as grouped ones "
                        "(model.encoder.*, model.features.*, model.spec_augment.*, model.schedule.*, "
-                       "data.augmentation.*)")
+                       "data.augmentation.*, data.tokenizer.*, data.filter.*, data.shards.*)")
     lacked = []
     if WRITTEN_BY_A_RUN.match(text):  # every setting of its time: one it lacks had the value of before
         grouped, lacked = complete_config(grouped or content)

@@ -76,7 +76,7 @@ def initialize(module: ASRModule, path: str, finetune: FineTune) -> list[str]:
         rows = f", the rows of the {shared} pieces both have copied" if shared else ""
         lines.append(f"  the data's tokenizer ({module.tokenizer.vocab_size} pieces) is not the checkpoint's "
                      f"({source['tokenizer'].vocab_size}): the CTC head is re-initialised{rows}; to keep the "
-                     "checkpoint's, --data.tokenizer_model " + path)
+                     "checkpoint's, --data.tokenizer.model " + path)
     if mismatched:
         lines.append(f"  re-initialised, another shape (model.finetune.mismatched reinit): {names(mismatched)}")
     left = [name for name in own if name not in selected]

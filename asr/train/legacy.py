@@ -1,5 +1,6 @@
 """Checkpoints and settings of runs made before the settings were grouped (``model.d_model`` ->
-``model.encoder.d_model``, ``model.warmup_steps`` -> ``model.schedule.warmup_steps``), the encoder became a module of its own (``model.blocks.0`` ->
+``model.encoder.d_model``, ``model.warmup_steps`` -> ``model.schedule.warmup_steps``, ``data.tokenizer_type`` ->
+``data.tokenizer.type``), the encoder became a module of its own (``model.blocks.0`` ->
 ``model.encoder.blocks.0``), a setting was added or a default changed: they load, resume and transcribe as they did.
 
 A checkpoint's ``hyper_parameters`` hold plain values (dicts for the groups), never dataclasses, so that
@@ -19,8 +20,15 @@ from asr.train.schedule import ScheduleConfig
 
 GROUPS = {"features": FeatureConfig, "encoder": EncoderConfig, "spec_augment": SpecAugmentConfig,
           "schedule": ScheduleConfig}
+# The data settings grouped after runs were made with them: old flat name -> (group, field).
+DATA_GROUPS = {"tokenizer_model": ("tokenizer", "model"), "tokenizer_type": ("tokenizer", "type"),
+               "tokenizer_vocab_size": ("tokenizer", "vocab_size"), "min_duration": ("filter", "min_duration"),
+               "max_duration": ("filter", "max_duration"), "on_bad_line": ("filter", "on_bad_line"),
+               "max_dropped_share": ("filter", "max_dropped_share"), "train_shard_weights": ("shards", "weights"),
+               "shard_buffer": ("shards", "buffer"), "shard_stall_seconds": ("shards", "stall_seconds")}
 # Flags of settings grouped after many commands, scripts and studies named them: read as the grouped ones.
-FLAT_FLAGS = {f"--model.{f.name}": f"--model.schedule.{f.name}" for f in dataclasses.fields(ScheduleConfig)}
+FLAT_FLAGS = {f"--model.{f.name}": f"--model.schedule.{f.name}" for f in dataclasses.fields(ScheduleConfig)} | {
+    f"--data.{name}": f"--data.{group}.{field}" for name, (group, field) in DATA_GROUPS.items()}
 # old flat name -> (group, field), where the field's name is not the old one
 RENAMED = {"features": ("features", "kind"), "feature_norm": ("features", "norm"),
            "feature_var_floor": ("features", "var_floor"), "feature_stats_db": ("features", "stats_db")}
@@ -34,7 +42,7 @@ BEFORE_THEIR_TIME = {
                           "attention_window": 0, "conv_channels": 0, "block": "transformer", "conv_kernel": 31},
               "spec_augment": {"freq_warp": 0.0, "freq_warp_jitter": 0.0},
               "inter_ctc": 0.0, "schedule": {"warmup_steps": 200}},
-    "data": {"tokenizer_type": "char", "max_batch_seconds": 60.0, "speed_perturb": [1.0], "cache_audio_mb": 0.0,
+    "data": {"tokenizer": {"type": "char"}, "max_batch_seconds": 60.0, "speed_perturb": [1.0], "cache_audio_mb": 0.0,
              "augmentation": {"noise_prob": 0.0, "noise_snr_db": [5.0, 30.0], "reverb_prob": 0.0,
                               "reverb_rt60": [0.2, 0.8], "gain_prob": 0.0, "telephone_prob": 0.0,
                               "nonspeech_prob": 0.0, "pause_prob": 0.0}},
@@ -144,20 +152,28 @@ def complete_config(config: dict) -> tuple[dict, list[str]]:
 def group_config(config: dict) -> dict | None:
     """A config file's content (config.yaml of a run, or a recipe) in the grouped form, or None if it names no
     setting the old way: the model section ``regroup``ed (the linked sample_rate left out, as the parser links
-    it), the data section's augmentation settings under ``data.augmentation``."""
-    from asr.data.augment import Augmentation  # only configs need it
-
+    it), the data section's augmentation settings under ``data.augmentation`` and DATA_GROUPS' in their groups."""
     model, data = config.get("model") or {}, config.get("data") or {}
     names = flat_names()
     flat_model = any(name in names and not isinstance(value, dict) for name, value in model.items())
-    augmentation = {f.name for f in dataclasses.fields(Augmentation)} & set(data)
-    if not flat_model and not augmentation:
+    groups = data_groups()
+    flat_data = groups.keys() & set(data)
+    if not flat_model and not flat_data:
         return None
     grouped = dict(config)
     if flat_model:
         grouped["model"] = regroup(model)
         grouped["model"].get("features", {}).pop("sample_rate", None)
-    if augmentation:
-        grouped["data"] = {k: v for k, v in data.items() if k not in augmentation}
-        grouped["data"]["augmentation"] = {k: data[k] for k in sorted(augmentation)}
+    if flat_data:
+        grouped["data"] = {k: v for k, v in data.items() if k not in flat_data}
+        for name in sorted(flat_data):
+            group, field = groups[name]
+            grouped["data"][group] = {**(grouped["data"].get(group) or {}), field: data[name]}
     return grouped
+
+
+def data_groups() -> dict[str, tuple[str, str]]:
+    """Every old flat name of a data setting now in a group -> (group, field): DATA_GROUPS and the augmentation's."""
+    from asr.data.augment import Augmentation  # only configs need it
+
+    return DATA_GROUPS | {f.name: ("augmentation", f.name) for f in dataclasses.fields(Augmentation)}

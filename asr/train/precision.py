@@ -103,8 +103,8 @@ def probe_batch(module, datamodule, seed: int = 0) -> Batch:
     """A batch shaped like the run's: as many utterances of the median length as ``data.max_batch_seconds``
     holds (at least one; the batch's longest is its longest allowed), noise for audio, and random token ids as
     many as a third of the encoder frames (a CTC-feasible transcript)."""
-    hp = datamodule.hparams
-    seconds = min(median_duration(datamodule) or hp.max_duration, hp.max_duration, hp.max_batch_seconds)
+    hp, longest = datamodule.hparams, datamodule.filter.max_duration
+    seconds = min(median_duration(datamodule) or longest, longest, hp.max_batch_seconds)
     count = max(1, int(hp.max_batch_seconds // seconds))
     samples = int(seconds * hp.sample_rate)
     tokens = max(1, int(encoder_frames(samples, hp.sample_rate, hp.subsampling)) // 3)

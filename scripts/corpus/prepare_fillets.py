@@ -47,7 +47,6 @@ under OUT/audio so the folder stands alone. Runs offline.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import random
 import re
@@ -60,7 +59,7 @@ import soundfile
 import torch
 
 from asr.audio import load_audio, resample
-from asr.data.datamodule import ASRDataModule
+from asr.data.manifest import FilterConfig
 from asr.tools.import_corpus import audio_duration, normalise_text, write_manifest
 
 DEFAULT_ROOT = Path("/usr/share/games/fillets-ng")  # where Debian installs fillets-ng-data(-cs)
@@ -207,14 +206,14 @@ def summary(name: str, rows: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    max_duration = inspect.signature(ASRDataModule).parameters["max_duration"].default
+    max_duration = FilterConfig.max_duration  # the dataclass field's default
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for train.jsonl, dev.jsonl, test.jsonl and splits.json")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the installed game data (script/, sound/)")
     parser.add_argument("--seed", type=int, default=0, help="shuffles the levels before the split")
     parser.add_argument("--held-out", type=float, default=0.1, help="fraction of the duration in each of dev and test")
     parser.add_argument("--max-duration", type=float, default=max_duration,
-                        help="skip longer clips (seconds; default: asr.data's data.max_duration)")
+                        help="skip longer clips (seconds; default: asr.data's data.filter.max_duration)")
     parser.add_argument("--convert", action="store_true", help="write 16 kHz mono FLAC copies under OUT/audio")
     parser.add_argument("--leave-voices-out", choices=[OTHER],
                         help="also write OUT/tune/train.jsonl and OUT/tune/dev.jsonl (the fishes' clips of train and "

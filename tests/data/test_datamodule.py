@@ -12,8 +12,9 @@ import torch
 from asr.data.augment import Augmentation
 from asr.data.batch import Batch
 from asr.data.datamodule import ASRDataModule
-from asr.data.manifest import ManifestError
+from asr.data.manifest import FilterConfig, ManifestError
 from asr.data.sampler import split_item
+from asr.tokenizer import TokenizerConfig
 from tests.cli import CHAR_FRAMES
 from tests.conftest import PLAIN_DATA
 
@@ -22,8 +23,12 @@ from tests.conftest import PLAIN_DATA
 
 
 def datamodule(corpus, **kwargs) -> ASRDataModule:
+    """An ASRDataModule of ``corpus`` with PLAIN_DATA and ``kwargs``; FilterConfig's fields among them go to
+    data.filter (max_duration 3.0 unless given)."""
+    rule = {name: kwargs.pop(name) for name in list(kwargs) if name in FilterConfig.__dataclass_fields__}
     settings = {**PLAIN_DATA, "train_manifest": str(corpus.train), "val_manifest": str(corpus.dev),
-                "test_manifest": None, "num_workers": 0, "max_batch_seconds": 3.0, "max_duration": 3.0, **kwargs}
+                "test_manifest": None, "num_workers": 0, "max_batch_seconds": 3.0,
+                "filter": FilterConfig(**{"max_duration": 3.0, **rule}), **kwargs}
     return ASRDataModule(**settings)
 
 
@@ -95,7 +100,7 @@ def test_validation_gives_every_rank_the_same_number_of_batches(corpus, world_si
 
 def test_given_tokenizer_model_is_used_instead_of_training_one(corpus, char_tokenizer, tmp_path):
     char_tokenizer.save(tmp_path / "given.model")
-    dm = datamodule(corpus, tokenizer_model=str(tmp_path / "given.model"))
+    dm = datamodule(corpus, tokenizer=TokenizerConfig(model=str(tmp_path / "given.model")))
     assert dm.tokenizer.serialized == char_tokenizer.serialized
 
 
@@ -103,7 +108,7 @@ def test_an_utterance_longer_than_a_batch_is_a_bad_line_naming_both_flags(corpus
     _, line, _ = BAD_LINES["duration out of bounds"]
     corpus.write(train_extra=[line])
     dm = datamodule(corpus, max_duration=30.0, max_batch_seconds=2.0)
-    with pytest.raises(ManifestError, match=r"data\.max_duration, data\.max_batch_seconds"):
+    with pytest.raises(ManifestError, match=r"data\.filter\.max_duration, data\.max_batch_seconds"):
         dm.setup("fit")
 
 
@@ -195,7 +200,7 @@ def test_the_default_run_keeps_each_utterance_once_per_speed(corpus, monkeypatch
     from asr.train.fitting import build
 
     cli = build(["--data.train_manifest", str(corpus.train), "--data.val_manifest", str(corpus.dev),
-                 "--data.test_manifest", "null", "--data.tokenizer_type", "char", *CHAR_FRAMES,
+                 "--data.test_manifest", "null", "--data.tokenizer.type", "char", *CHAR_FRAMES,
                  "--data.augmentation.pause_prob", "0"])  # the one effect that lengthens an item: pauses around it
     cli.datamodule.setup("fit")
     dataset = cli.datamodule.datasets["train"]
@@ -235,7 +240,7 @@ def fit_quietly(tmp_path, train, dev, *args: str):
 
     cli = main(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_model_summary", "false",
                 "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-                "--data.tokenizer_type", "char", *CHAR_FRAMES,
+                "--data.tokenizer.type", "char", *CHAR_FRAMES,
                 "--data.train_manifest", str(train), "--data.val_manifest", str(dev), "--data.test_manifest", "null",
                 "--data.num_workers", "0", *args])
     return cli.trainer.log_dir
@@ -259,7 +264,7 @@ def test_validation_runs_after_every_epoch_when_jittered_cuts_vary(corpus, write
         rows.append(corpus.row(f"audio/clip{i}.flac", ["two", "nine", "four", "five"][i % 4], seconds))
     train, dev = corpus.manifest("clips.jsonl", rows), corpus.manifest("clips_dev.jsonl", rows[:4])
     run_dir = fit_quietly(tmp_path, train, dev, "--trainer.max_epochs", "3", "--data.max_batch_seconds", "6",
-                          "--data.max_duration", "6")
+                          "--data.filter.max_duration", "6")
     assert validated_epochs(run_dir) == [0, 1, 2]
     lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"epoch \d+: train/loss", line)]
     assert len(lines) == 3 and all("val/wer" in line for line in lines)

@@ -1,5 +1,5 @@
 """asr.data.faults: audio that breaks after start-up is dropped, named once and counted, and a
-share above data.max_dropped_share stops the run, on every rank together under DDP."""
+share above data.filter.max_dropped_share stops the run, on every rank together under DDP."""
 
 import subprocess
 import sys
@@ -135,9 +135,9 @@ def test_a_fit_whose_training_file_is_deleted_after_the_first_epoch_finishes_nam
 
     cli = build(["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.max_epochs", "3",
                  "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-                 "--data.tokenizer_type", "char", *CHAR_FRAMES, "--data.train_manifest", str(corpus.train),
+                 "--data.tokenizer.type", "char", *CHAR_FRAMES, "--data.train_manifest", str(corpus.train),
                  "--data.val_manifest", str(corpus.dev), "--data.test_manifest", "null",
-                 "--data.max_batch_seconds", "3", "--data.max_dropped_share", "0.5",
+                 "--data.max_batch_seconds", "3", "--data.filter.max_dropped_share", "0.5",
                  "--data.cache_audio_mb", "0"])  # read every epoch (kept audio is never lost: tests/data/test_datamodule.py)
     cli.trainer.callbacks.append(DeleteAfterFirstEpoch(corpus.root / "audio" / "b.flac"))
     with pytest.warns(UserWarning, match="no longer loads") as caught:
@@ -160,14 +160,14 @@ def ddp_fit(corpus, tmp_path, *args: str) -> subprocess.CompletedProcess:
                "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.max_epochs", "2",
                "--test", "false",
                "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-               "--data.tokenizer_type", "char", *CHAR_FRAMES, "--data.num_workers", "0", "--data.max_batch_seconds", "1.3",
-               "--data.max_duration", "1.3", "--data.shuffle", "false", "--data.train_manifest", str(corpus.train),
+               "--data.tokenizer.type", "char", *CHAR_FRAMES, "--data.num_workers", "0", "--data.max_batch_seconds", "1.3",
+               "--data.filter.max_duration", "1.3", "--data.shuffle", "false", "--data.train_manifest", str(corpus.train),
                "--data.val_manifest", str(corpus.dev), *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_ddp_a_rank_whose_batch_lost_its_only_utterance_still_steps_and_the_run_finishes(corpus, tmp_path):
-    result = ddp_fit(corpus, tmp_path, "--data.max_dropped_share", "0.5")
+    result = ddp_fit(corpus, tmp_path, "--data.filter.max_dropped_share", "0.5")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{corpus.train}:6: " in result.stderr and "cut.flac" in result.stderr
     run = next((tmp_path / "runs").glob("default/version_*"))

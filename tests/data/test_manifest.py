@@ -211,9 +211,9 @@ def test_a_line_saying_more_audio_than_the_file_holds_is_a_problem_beyond_a_tole
 def test_report_with_skip_stops_above_the_share_and_lists_every_line_in_the_file(tmp_path):
     many = [Problem(f"train.jsonl:{i}", "empty text", "text is ''") for i in range(1, 13)]
     listing = tmp_path / "run" / "bad_lines.txt"
-    with pytest.warns(UserWarning, match=r"skipped 12 of 1000 lines \(12 empty text; data.max_dropped_share=0.02\)"):
+    with pytest.warns(UserWarning, match=r"skipped 12 of 1000 lines \(12 empty text; data.filter.max_dropped_share=0.02\)"):
         report(many, "train.jsonl", 1000, "skip", 0.02, listing)
     assert listing.read_text().splitlines() == [str(p) for p in many]
-    with pytest.raises(ManifestError, match=r"12 of 100 lines are unusable .* more than data.max_dropped_share=0.1") as err:
+    with pytest.raises(ManifestError, match=r"12 of 100 lines are unusable .* more than data.filter.max_dropped_share=0.1") as err:
         report(many, "train.jsonl", 100, "skip", 0.1)
     assert "train.jsonl:10: empty text" in str(err.value) and "... and 2 more" in str(err.value)

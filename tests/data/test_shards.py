@@ -138,7 +138,7 @@ def test_two_workers_read_every_utterance_of_a_pass_in_batches_of_similar_length
 
 
 def test_a_reader_buffers_at_most_one_pass_of_its_shards(shards, monkeypatch):
-    """data.shard_buffer's 10,000 cuts are more than 60 utterances hold: the first batch comes after one pass over
+    """data.shards.buffer's 10,000 cuts are more than 60 utterances hold: the first batch comes after one pass over
     the reader's shards, not after reading them again and again to fill the buffer with copies of the same cuts."""
     from asr.data import shards as module
 
@@ -330,16 +330,17 @@ def test_a_shard_that_breaks_mid_read_is_named_and_the_stream_goes_on(shards, tm
     assert len({t for b in batches for t in b.texts}) > 20  # the other shards streamed on
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"train_shards": ["a", "b"], "train_shard_weights": [1.0]}, "one positive weight per data.train_shards entry"),
-    ({"train_shards": "a", "train_shard_weights": [0.0]}, "one positive weight per data.train_shards entry"),
-    ({"train_shards": "a", "shard_buffer": 0}, "data.shard_buffer must be at least 1"),
-    ({"train_shards": "a", "shard_stall_seconds": -1.0}, r"data.shard_stall_seconds must be >= 0 \(0: wait for ever\)"),
+@pytest.mark.parametrize("train_shards, settings, message", [
+    (["a", "b"], {"weights": [1.0]}, "one positive weight per data.train_shards entry"),
+    ("a", {"weights": [0.0]}, "data.shards.weights must be positive"),
+    ("a", {"buffer": 0}, "data.shards.buffer must be at least 1"),
+    ("a", {"stall_seconds": -1.0}, r"data.shards.stall_seconds must be >= 0 \(0: wait for ever\)"),
 ])
-def test_shard_settings_out_of_range_are_refused_by_name(settings, message):
+def test_shard_settings_out_of_range_are_refused_by_name(train_shards, settings, message):
     from asr.data.datamodule import ASRDataModule
+    from asr.data.shard_run import ShardsConfig
     with pytest.raises(ValueError, match=message):
-        ASRDataModule(**settings)
+        ASRDataModule(train_shards=train_shards, shards=ShardsConfig(**settings))
 
 
 def test_an_index_that_does_not_add_up_or_a_tokenizer_that_is_not_one_is_refused_by_name(shards, tmp_path):

@@ -65,7 +65,7 @@ def test_a_stream_whose_every_shard_is_unreadable_stops_naming_each_and_why(smal
     assert message.endswith("Check or replace these shards (python -m asr.shard writes them), or the storage that "
                             "holds them")
     with pytest.raises(DataFaultError, match=r"^(4|8|12) of 12 train utterances failed to load in this pass, more than "
-                                             r"data.max_dropped_share=0.01 allows:\n  .*recording.00000\d.tar: shard "
+                                             r"data.filter.max_dropped_share=0.01 allows:\n  .*recording.00000\d.tar: shard "
                                              "unreadable after 3 tries"):
         next(iter(loader(str(broken), max_share=0.01)))  # with the default share, the first shard lost stops it
 
@@ -80,9 +80,9 @@ def test_a_server_that_stops_answering_stops_the_stream_after_stall_seconds_nami
                 started = time.monotonic()
         waited = time.monotonic() - started
     message = str(stalled.value)
-    assert message.startswith("data.train_shards: no training batch for 2 s (--data.shard_stall_seconds 2):\n  worker "
+    assert message.startswith("data.train_shards: no training batch for 2 s (--data.shards.stall_seconds 2):\n  worker "
                               f"0 has been reading {address}/{small.name}/recording.00000"), message
-    assert message.endswith("--data.shard_stall_seconds sets how long a rank waits")
+    assert message.endswith("--data.shards.stall_seconds sets how long a rank waits")
     assert 2.0 < waited < 10.0
 
 
@@ -220,4 +220,4 @@ def test_a_stall_is_every_reader_of_every_corpus_empty_or_a_wait_without_progres
     watch.waiting()
     assert watch.stalled() is None
     now[0] = 71.0
-    assert watch.stalled().startswith("no training batch for 11 s (--data.shard_stall_seconds 10)")
+    assert watch.stalled().startswith("no training batch for 11 s (--data.shards.stall_seconds 10)")

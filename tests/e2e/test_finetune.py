@@ -34,7 +34,7 @@ def test_a_run_from_a_checkpoint_with_a_new_vocabulary_holds_the_encoder_still_t
     fit(*data, *CHAR_FRAMES, "--trainer.max_epochs", "1", "--trainer.logger.init_args.save_dir", str(tmp_path / "source"))
     source = versions(tmp_path / "source")[0] / "checkpoints" / "last.ckpt"
     steps = tmp_path / "steps"
-    result = fit(*data, "--model.init_from", str(source), "--data.tokenizer_type", "char", *CHAR_FRAMES,
+    result = fit(*data, "--model.init_from", str(source), "--data.tokenizer.type", "char", *CHAR_FRAMES,
                  "--model.finetune.freeze_steps", "2", "--trainer.max_steps", "3", EVERY_STEP % steps,
                  "--trainer.logger.init_args.save_dir", str(tmp_path / "tuned"))
     said = result.stdout + result.stderr
@@ -60,7 +60,7 @@ def test_the_documented_fine_tuning_command_keeps_the_checkpoints_vocabulary_and
     folder = versions(tmp_path / "source")[0]
     source = folder / "checkpoints" / "last.ckpt"
     result = run([sys.executable, "-m", "asr.fit", "--config", str(folder / "config.yaml"), "--config",
-                  "configs/recipes/finetune.yaml", "--model.init_from", str(source), "--data.tokenizer_model",
+                  "configs/recipes/finetune.yaml", "--model.init_from", str(source), "--data.tokenizer.model",
                   str(source), "--trainer.max_steps", "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "tuned")])
     assert result.returncode == 0, result.stderr[-3000:]
     weights_there = len(weights(source))

@@ -29,8 +29,8 @@ from tests.decoded import own_transcripts
 # A small char model: it leaves the all-blank stage within a few hundred steps, so ten quick
 # epochs are enough to transcribe something (the default unigram model needs more).
 TINY = ["--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-        "--model.schedule.warmup_steps", "20", "--data.tokenizer_type", "char", *CHAR_FRAMES]
-RUN = ["--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.max_duration", "8"]  # the shared run
+        "--model.schedule.warmup_steps", "20", "--data.tokenizer.type", "char", *CHAR_FRAMES]
+RUN = ["--trainer.max_epochs", "10", "--data.max_batch_seconds", "8", "--data.filter.max_duration", "8"]  # the shared run
 
 
 def fit(tmp: Path, *args: str):
@@ -210,7 +210,7 @@ def test_a_setting_a_constructor_refuses_is_one_line_naming_it_and_exit_status_1
 
 @pytest.mark.parametrize("args, message", [
     (["--model.encoder.block", "conformer", "--model.encoder.conv_kernel", "4"], "model.encoder.conv_kernel must be odd"),
-    (["--data.max_dropped_share", "3"], "data.max_dropped_share must be between 0 and 1"),
+    (["--data.filter.max_dropped_share", "3"], "data.filter.max_dropped_share must be between 0 and 1"),
 ])
 def test_a_setting_a_constructor_refuses_is_one_line_naming_it(args, message):
     one_line_refusal(refused(*args, "--trainer.max_epochs", "0"), message)
@@ -242,7 +242,7 @@ def test_bad_lines_over_the_share_stop_before_training_with_one_line(tmp_path):
         f.write("{not json\n" + json.dumps({"audio_filepath": "gone.flac", "duration": 1.0, "text": "call"}) + "\n")
     message = refused("--data.train_manifest", str(train), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"))
     assert message.startswith("asr.fit: error: " + str(train) + ": 2 of 52 lines are unusable (1 malformed json, "
-                              "1 missing audio file), more than data.max_dropped_share=0.01 allows:")
+                              "1 missing audio file), more than data.filter.max_dropped_share=0.01 allows:")
     assert f"{train}:51: malformed json" in message and not list(tmp_path.rglob("*.ckpt"))
 
 

@@ -62,7 +62,7 @@ def bad_file(tmp_path: Path, kind: str) -> Path:
     (["--model.optimizer.init_args.lr", "-0.001"], "model.optimizer: Invalid learning rate: -0.001"),
     (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches must be at least 1, got 0"),
     (["--trainer.max_epochs", "0"], "trainer.max_epochs 0 trains nothing"),
-    (["--data.tokenizer_vocab_size", "0"], "data.tokenizer_vocab_size must be at least 2"),
+    (["--data.tokenizer.vocab_size", "0"], "data.tokenizer.vocab_size must be at least 2"),
     (["--model.encoder.d_model", "0"], "model.encoder.d_model must be at least 1, got 0"),
     (["--model.schedule.warmup_steps", "-1"], "model.schedule.warmup_steps must be >= 0"),
     (["--data.sample_rate", "0"], "sample_rate must be at least 4000 Hz, got 0"),
@@ -80,8 +80,8 @@ def test_a_setting_out_of_range_is_one_line_with_the_range(args, message, tmp_pa
                                           ("text", "not a sentencepiece model or checkpoint of asr")])
 def test_a_tokenizer_file_that_is_not_one_is_named_by_its_flag(kind, reason, tmp_path):
     path = bad_file(tmp_path, kind)
-    one_line_refusal(refused("--data.tokenizer_model", str(path), "--trainer.logger.init_args.save_dir", str(tmp_path)),
-                     f"data.tokenizer_model {path}: {reason}")
+    one_line_refusal(refused("--data.tokenizer.model", str(path), "--trainer.logger.init_args.save_dir", str(tmp_path)),
+                     f"data.tokenizer.model {path}: {reason}")
 
 
 def test_a_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
@@ -135,7 +135,7 @@ def test_a_sharded_folder_cut_short_is_passed_over_and_one_is_resumed_under_fsdp
 
 @pytest.mark.parametrize("change, message", [
     (["--model.encoder.d_model", "96"], "weights differ in shape, e.g. model."),
-    (["--data.tokenizer_type", "char", *CHAR_FRAMES], "its tokenizer is another"),
+    (["--data.tokenizer.type", "char", *CHAR_FRAMES], "its tokenizer is another"),
     (["--data.sample_rate", "8000"], "its input features differ (features.sample_rate 16000 -> 8000"),
 ])
 def test_resuming_another_model_is_refused_naming_what_differs(change, message, finished):

@@ -25,6 +25,7 @@ import yaml
 from asr.configs import CONFIGS
 from asr.train import cost
 from asr.train.fitting import ConfigError, build, check_hardware, main
+from asr.tokenizer import TokenizerConfig
 from asr.train.module import ASRModule
 from tests import REPO
 from tests.cli import CHAR_FRAMES, refused
@@ -79,7 +80,7 @@ def test_real_1h_cpu_recipe_builds_a_small_char_conformer_bounded_by_time(monkey
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
     assert model.hparams.encoder["block"] == "conformer" and model.hparams.spec_augment is not None
     assert 2e6 < sum(p.numel() for p in model.parameters()) < 6e6  # about half the 10M small preset or less
-    assert data.hparams.tokenizer_type == "char" and data.tokenizer.vocab_size < 64
+    assert data.tokenizer_settings.type == "char" and data.tokenizer.vocab_size < 64
     augmentation = data.augmentation
     assert min(augmentation.noise_prob, augmentation.reverb_prob, augmentation.gain_prob) > 0
     assert len(data.hparams.speed_perturb) > 1
@@ -103,7 +104,7 @@ def test_a_preset_alone_is_the_default_run_with_what_it_names():
 def test_gpu_recipe_builds_a_bpe_conformer_base_and_needs_a_gpu():
     cli = build(["--config", "configs/recipes/gpu-100h.yaml", *ON_CPU, *MINI])
     assert cli.model.hparams.encoder["block"] == "conformer" and cli.model.hparams.encoder["n_layers"] == 19
-    assert cli.datamodule.hparams.tokenizer_type == "bpe" and cli.datamodule.hparams.tokenizer_vocab_size == 1024
+    assert cli.datamodule.tokenizer_settings == TokenizerConfig(type="bpe", vocab_size=1024)
     trainer = printed_config("--config", "configs/recipes/gpu-100h.yaml")["trainer"]
     assert (trainer["accelerator"], trainer["strategy"], trainer["precision"]) == ("gpu", "ddp", "auto")
     parsed = SimpleNamespace(**trainer)
@@ -124,7 +125,7 @@ def test_gpu_scale_recipes_train_their_size_preset_from_shards_by_steps(recipe, 
     assert (trainer["accelerator"], trainer["precision"]) == ("gpu", "auto")
     assert strategy in (trainer["strategy"] if isinstance(trainer["strategy"], str) else trainer["strategy"]["class_path"])
     assert trainer["max_steps"] > 0 and isinstance(trainer["val_check_interval"], int)
-    assert config["data"]["train_shards"] and config["data"]["tokenizer_model"] is None  # the shards' own tokenizer
+    assert config["data"]["train_shards"] and config["data"]["tokenizer"]["model"] is None  # the shards' own tokenizer
 
 
 def test_gpu_recipe_on_a_cpu_machine_stops_with_one_sentence_not_a_traceback(tmp_path):
@@ -137,7 +138,7 @@ def test_gpu_recipe_on_a_cpu_machine_stops_with_one_sentence_not_a_traceback(tmp
 def test_real_1h_cpu_recipe_trains_end_to_end_on_the_bundled_corpus(tmp_path):
     """Two short epochs of the recipe as written (its model, augmentation, precision auto), validated and tested.
     data/mini's fastest utterances are too short for char CTC at 4x subsampling: skipped, as the error advises."""
-    result = fit(tmp_path, "--config", "configs/recipes/real-1h-cpu.yaml", *MINI, "--data.on_bad_line", "skip",
+    result = fit(tmp_path, "--config", "configs/recipes/real-1h-cpu.yaml", *MINI, "--data.filter.on_bad_line", "skip",
                  "--trainer.max_steps", "6",
                  "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
                  "--trainer.limit_test_batches", "2")
@@ -167,10 +168,10 @@ def test_a_run_bounded_by_max_time_anneals_its_lr_to_near_the_floor_by_the_end(t
     monkeypatch.setattr(ASRModule, "on_train_batch_start", one_second_a_step)
     cli = main(["--trainer.max_time", "00:00:00:40", "--trainer.max_epochs", "-1", "--trainer.max_steps", "200",
                 "--trainer.log_every_n_steps", "1", "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2",
-                "--model.encoder.n_layers", "2", "--model.schedule.warmup_steps", "10", "--data.tokenizer_type", "char",
+                "--model.encoder.n_layers", "2", "--model.schedule.warmup_steps", "10", "--data.tokenizer.type", "char",
                 *CHAR_FRAMES, "--test", "false", "--data.num_workers", "0", "--trainer.precision", "32-true",
                 "--trainer.limit_val_batches", "2",  # validation is not what this run checks
-                "--data.on_bad_line", "skip",  # two of data/mini's fastest lines are too short for char CTC
+                "--data.filter.on_bad_line", "skip",  # two of data/mini's fastest lines are too short for char CTC
                 "--trainer.logger.init_args.save_dir", str(tmp_path)])
     run = Path(cli.trainer.log_dir)
     lrs = [float(r["lr-AdamW"]) for r in metrics(run) if r.get("lr-AdamW")]

@@ -241,7 +241,8 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_pat
 HOLDS_WORKERS = """
 import sys
 from asr.data.datamodule import ASRDataModule
-data = ASRDataModule(sys.argv[1], sys.argv[2], None, tokenizer_type="char", num_workers=2, subsampling=4)
+from asr.tokenizer import TokenizerConfig
+data = ASRDataModule(sys.argv[1], sys.argv[2], None, tokenizer=TokenizerConfig(type="char"), num_workers=2, subsampling=4)
 data.setup("fit")
 LOADER = data.train_dataloader()  # a global, as a script or notebook holds it: its persistent workers live on
 next(iter(LOADER))

@@ -92,7 +92,7 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 def single(corpus, tmp_path_factory) -> Path:
     """One process, 4 utterances (5.2 s) per batch, 2 epochs = 8 steps."""
     return fit(tmp_path_factory.mktemp("single"), corpus, *DETERMINISTIC, "--trainer.max_epochs", "2",
-               "--data.max_batch_seconds", str(4 * SECONDS), "--data.max_duration", str(SECONDS))
+               "--data.max_batch_seconds", str(4 * SECONDS), "--data.filter.max_duration", str(SECONDS))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -106,7 +106,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(strategy, co
     """
     run = fit(tmp_path, corpus, "--config", f"configs/strategy/{strategy}.yaml", *DETERMINISTIC,
               "--trainer.max_epochs", "2", "--data.max_batch_seconds", str(2 * SECONDS),
-              "--data.max_duration", str(SECONDS))
+              "--data.filter.max_duration", str(SECONDS))
     assert step_losses(run) == pytest.approx(step_losses(single), rel=1e-4)
     ours, theirs = weights(run / "checkpoints" / "last.ckpt"), weights(single / "checkpoints" / "last.ckpt")
     assert ours.keys() == theirs.keys()
@@ -134,7 +134,7 @@ def test_gradient_accumulation_equals_one_batch_of_all_the_micro_batches(ranks, 
         return True
     manifest = padded_corpus(tmp_path, 8, keep=keep)
     assert len(manifest.read_text().splitlines()) == 8
-    one = ["--trainer.max_epochs", "2", "--data.max_duration", str(SECONDS), "--data.tokenizer_model",
+    one = ["--trainer.max_epochs", "2", "--data.filter.max_duration", str(SECONDS), "--data.tokenizer.model",
            str(tmp_path / "tokens.model"), *DETERMINISTIC]
     sharded = ["--config", "configs/strategy/fsdp.yaml"] if ranks == 2 else []
     single = fit(tmp_path / "single", manifest, *sharded, *one, "--data.max_batch_seconds", str(4 / ranks * SECONDS))

@@ -25,7 +25,7 @@ from tests.faults import signal_at
 from tests.servers import s3_server, web_server
 
 STEPS = ["--trainer.max_steps", "5", "--trainer.val_check_interval", "3", "--data.max_batch_seconds", "8",
-         "--data.max_duration", "8", "--test", "false",
+         "--data.filter.max_duration", "8", "--test", "false",
          "--trainer.log_every_n_steps", "1"]  # several ranks hear a SIGTERM at logging steps (asr.train.resilience)
 
 
@@ -75,7 +75,7 @@ def test_a_run_from_shards_without_a_step_bound_is_refused_in_one_line(corpus, t
 def served_fit_args(train, dev, address: str, *args: str) -> list[str]:
     """One process training from ``train``'s shards at ``address`` for up to 500 steps, in fp32 (no precision probe:
     the stream's own batches are what is tested)."""
-    return [*SMALL, "--data.max_duration", "8", "--test", "false",
+    return [*SMALL, "--data.filter.max_duration", "8", "--test", "false",
             "--trainer.max_steps", "500", "--trainer.val_check_interval", "400", "--trainer.precision", "32-true",
             "--data.train_shards", f"{address}/{train.name}", "--data.val_manifest", str(dev), *args]
 
@@ -83,10 +83,10 @@ def served_fit_args(train, dev, address: str, *args: str) -> list[str]:
 def test_a_server_that_stops_answering_stops_the_run_in_stall_seconds_after_last_ckpt(corpus, tmp_path):
     train, dev = corpus
     with web_server(train.parent, answers=2) as (address, _):  # each file twice: the third pass gets no answer
-        result = fit(tmp_path, *served_fit_args(train, dev, address, "--data.shard_stall_seconds", "5"), ok=False)
+        result = fit(tmp_path, *served_fit_args(train, dev, address, "--data.shards.stall_seconds", "5"), ok=False)
     assert result.returncode == 1, result.stderr[-3000:]
     said = result.stderr[result.stderr.index("asr.fit: error: "):]
-    assert said.startswith("asr.fit: error: data.train_shards: no training batch for 5 s (--data.shard_stall_seconds "
+    assert said.startswith("asr.fit: error: data.train_shards: no training batch for 5 s (--data.shards.stall_seconds "
                            f"5):\n  worker 0 has been reading {address}/{train.name}/recording.0000"), said
     steps = last_checkpoint(tmp_path)["global_step"]
     assert steps > 0 and f"last.ckpt at step {steps} before stopping" in result.stdout + result.stderr
@@ -120,7 +120,7 @@ def test_two_ranks_whose_every_shard_is_unreadable_both_stop_naming_their_shards
     for tar in broken.glob("recording.*.tar"):
         tar.write_bytes(bytes(range(256)) * (tar.stat().st_size // 256))
     args = ["--config", "configs/strategy/ddp.yaml", "--trainer.devices", "2",
-            *SMALL, *STEPS, "--trainer.precision", "32-true", "--data.max_dropped_share", "1.0",
+            *SMALL, *STEPS, "--trainer.precision", "32-true", "--data.filter.max_dropped_share", "1.0",
             "--data.train_shards", str(broken), "--data.val_manifest", str(dev)]
     result = fit(tmp_path / "runs", *args, ok=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]

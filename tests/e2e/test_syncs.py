@@ -24,7 +24,7 @@ def test_a_distributed_step_between_logging_steps_only_queues_its_two_sums(strat
     counter = {"class_path": "tests.syncs.SyncCounter", "init_args": {"path": str(tmp_path / "syncs")}}
     command = [sys.executable, "-m", "asr.fit", "--config",
                f"configs/strategy/{strategy}.yaml", "--trainer.devices", "2", "--model.encoder.d_model", "32",
-               "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2", "--data.tokenizer_type", "char", *CHAR_FRAMES,
+               "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2", "--data.tokenizer.type", "char", *CHAR_FRAMES,
                "--data.max_batch_seconds", "4", "--trainer.max_steps", "12", "--data.num_workers", "0",
                "--test", "false", "--data.train_manifest", str(tmp_path / "train.jsonl"),
                "--data.val_manifest", str(tmp_path / "dev.jsonl"), "--trainer.logger.init_args.save_dir",

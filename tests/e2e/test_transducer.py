@@ -23,7 +23,7 @@ from tests.e2e.test_resilience import data  # noqa: F401  (a fixture)
 
 TRANSDUCER = ["--model.objective", "transducer", "--model.inter_ctc", "0", "--model.transducer.pred_dim", "32",
               "--model.transducer.joint_dim", "32", "--trainer.max_epochs", "2", "--data.max_batch_seconds", "8",
-              "--data.max_duration", "8", "--trainer.precision", "32-true"]
+              "--data.filter.max_duration", "8", "--trainer.precision", "32-true"]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_a_hybrid_with_intermediate_ctc_trains_on_2_ranks_under_ddp_resumes_unde
     """Every head has a loss (RNN-T, the hybrid's CTC, intermediate CTC: DDP fails on a parameter without a
     gradient); FSDP2 shards the prediction network, joiner and head with the root, resumes DDP's file with
     ``--ckpt_path last`` and writes its checkpoint as a folder of shards, which transcribes as its module decodes."""
-    hybrid = [*data, *resilience.SMALL, *resilience.DETERMINISTIC, *CHAR_FRAMES, "--data.tokenizer_type", "char",
+    hybrid = [*data, *resilience.SMALL, *resilience.DETERMINISTIC, *CHAR_FRAMES, "--data.tokenizer.type", "char",
               "--model.objective", "hybrid", "--model.inter_ctc", "0.3", "--model.transducer.pred_dim", "32",
               "--model.transducer.joint_dim", "32", "--data.num_workers", "0", "--trainer.precision", "32-true"]
     resilience.fit(tmp_path, "--config", "configs/strategy/ddp.yaml", *hybrid, "--trainer.max_epochs", "1")

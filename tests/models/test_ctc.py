@@ -175,7 +175,7 @@ def test_fit_cli_trains_a_conformer_that_transcribes(tmp_path):
     fit = [sys.executable, "-m", "asr.fit", *CHAR_FRAMES, "--model.encoder.block", "conformer", "--model.encoder.conv_kernel", "7",
            "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
            "--model.schedule.warmup_steps", "10",
-           "--data.tokenizer_type", "char", "--data.train_manifest", str(manifest), "--data.val_manifest",
+           "--data.tokenizer.type", "char", "--data.train_manifest", str(manifest), "--data.val_manifest",
            str(manifest), "--data.test_manifest", str(manifest), "--data.num_workers", "0", "--trainer.max_epochs", "3",
            "--trainer.logger.init_args.save_dir", str(tmp_path)]
     result = subprocess.run(fit, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -199,7 +199,7 @@ def test_conformer_presets_state_their_parameter_count_and_match_the_transformer
     from asr.bench.steps import build_module
 
     char_tokenizer.save(tmp_path / "tokenizer.model")
-    tokenizer = f"--data.tokenizer_model={tmp_path / 'tokenizer.model'}"
+    tokenizer = f"--data.tokenizer.model={tmp_path / 'tokenizer.model'}"
 
     def parameters(preset: str, *overrides: str) -> int:
         return sum(p.numel() for p in build_module(preset, tokenizer, *overrides).parameters())
@@ -235,7 +235,7 @@ def test_conformer_trains_under_fsdp_in_bf16_with_checkpointing_and_transcribes(
                "--model.encoder.d_model", "64", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
                "--model.checkpoint_every", "1", "--model.inter_ctc", "0.3",
                "--trainer.precision", "bf16-mixed",
-               "--model.schedule.warmup_steps", "5", "--data.tokenizer_type", "char", "--data.train_manifest", str(manifest),
+               "--model.schedule.warmup_steps", "5", "--data.tokenizer.type", "char", "--data.train_manifest", str(manifest),
                "--data.val_manifest", str(manifest), "--test", "false", "--data.num_workers", "0",
                "--trainer.max_epochs", "2", "--trainer.logger.init_args.save_dir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)

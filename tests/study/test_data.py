@@ -42,7 +42,7 @@ def test_bad_manifest_lines_are_left_out_and_said_on_stderr(corpus, tmp_path, ca
 
 
 def test_one_tokenizer_for_every_trial_trained_once_unless_the_config_gives_one(corpus, tmp_path, char_tokenizer):
-    data = {"train_manifest": str(corpus.train), "tokenizer_type": "char", "tokenizer_vocab_size": 64}
+    data = {"train_manifest": str(corpus.train), "tokenizer": {"model": None, "type": "char", "vocab_size": 64}}
     out = study_folder(tmp_path / "study")
     path = tokenizer_path({"data": data}, out)
     assert path == out / "data" / "tokenizer.model" and path.is_file()
@@ -50,4 +50,4 @@ def test_one_tokenizer_for_every_trial_trained_once_unless_the_config_gives_one(
     assert tokenizer_path({"data": data}, out) == path and path.stat().st_mtime_ns == written  # not retrained
     given = tmp_path / "given.model"
     char_tokenizer.save(given)
-    assert tokenizer_path({"data": data | {"tokenizer_model": str(given)}}, out) == given.resolve()
+    assert tokenizer_path({"data": data | {"tokenizer": {"model": str(given)}}}, out) == given.resolve()

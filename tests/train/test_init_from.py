@@ -181,7 +181,7 @@ def test_a_sharded_checkpoint_folder_loads_as_its_merged_file_would(source, char
     initialize(model, str(folder), FineTune())
     for name, value in trained_model.state_dict().items():
         assert same(model.state_dict()[name], value), name
-    assert Tokenizer.load(folder).serialized == char_tokenizer.serialized  # --data.tokenizer_model FOLDER
+    assert Tokenizer.load(folder).serialized == char_tokenizer.serialized  # --data.tokenizer.model FOLDER
 
 
 @pytest.mark.parametrize("kind, reason", [

@@ -104,6 +104,27 @@ def test_the_schedules_flat_settings_of_a_checkpoint_a_config_and_a_command_line
         "--model.schedule.warmup_steps=3", "--model.encoder.d_model", "8"]
 
 
+
+def test_the_datas_flat_settings_of_a_config_and_a_command_line_are_read_grouped(tmp_path):
+    """Until the data settings were grouped (data.tokenizer.*, data.filter.*, data.shards.*) they were flat
+    (data.tokenizer_type, data.max_duration, data.shard_buffer, ...): a config and flags written so still run as
+    they did, and asr.fit says once for each how it read them."""
+    config = tmp_path / "config.yaml"
+    config.write_text("data:\n  tokenizer_type: char\n  max_duration: 12.0\n  on_bad_line: error\n  shard_buffer: 50\n")
+    said = []
+    with mock.patch("asr.train.fitting.rank_zero_info", said.append):
+        data = printed_config("--config", str(config), "--data.tokenizer_vocab_size", "40",
+                              "--data.max_dropped_share=0.2")["data"]
+    assert data["tokenizer"] == {"model": None, "type": "char", "vocab_size": 40} and "tokenizer_type" not in data
+    assert data["filter"] == {"min_duration": 0.1, "max_duration": 12.0, "on_bad_line": "error",
+                              "max_dropped_share": 0.2}
+    assert data["shards"] == {"weights": None, "buffer": 50, "stall_seconds": 600.0}
+    assert said.count("--data.tokenizer_vocab_size, --data.max_dropped_share: read as --data.tokenizer.vocab_size, "
+                      "--data.filter.max_dropped_share (grouped now)") == 1
+    assert sum("flat settings of an older asr, read as grouped ones" in line for line in said) == 1
+    assert current_flags(["--data.shard_stall_seconds=5", "--data.train_shards", "x"]) == [
+        "--data.shards.stall_seconds=5", "--data.train_shards", "x"]
+
 def test_old_module_names_of_saved_class_paths_import_the_moved_modules():
     import asr.cost
     import asr.resilience

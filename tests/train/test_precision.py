@@ -14,20 +14,22 @@ import numpy as np
 import pytest
 import torch
 
+from asr.data.manifest import FilterConfig
 from asr.train import cost, precision
 from asr.train.module import ASRModule
 from tests.conftest import encoder, row
 
 
 class Data:
-    """What probe_batch asks of a DataModule: its hparams (and its shards' indexes, ``corpora``)."""
+    """What probe_batch asks of a DataModule: its hparams and filter (and its shards' indexes, ``corpora``)."""
 
     corpora = ()
 
-    def __init__(self, manifest, **settings):
+    def __init__(self, manifest, max_duration: float = 20.0, **settings):
         self.hparams = {"train_shards": None, "train_manifest": str(manifest), "max_batch_seconds": 6.0,
-                        "max_duration": 20.0, "sample_rate": 16000, "subsampling": 4, **settings}
+                        "sample_rate": 16000, "subsampling": 4, **settings}
         self.hparams = type("HP", (), self.hparams)()
+        self.filter = FilterConfig(max_duration=max_duration)
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ def default_fit(tmp_path: Path, *args: str, cuda: bool = False):
     counter = {"class_path": "tests.syncs.SyncCounter", "init_args": {"cuda": cuda}}
     cli = main(["--trainer.logger.init_args.save_dir", str(tmp_path), "--data.num_workers", "0", "--test", "false",
                 "--model.encoder.d_model", "32", "--model.encoder.n_heads", "2", "--model.encoder.n_layers", "2",
-                "--data.tokenizer_type", "char", *CHAR_FRAMES, "--data.max_batch_seconds", "6", "--trainer.max_epochs", "1",
+                "--data.tokenizer.type", "char", *CHAR_FRAMES, "--data.max_batch_seconds", "6", "--trainer.max_epochs", "1",
                 "--data.train_manifest", str(train), "--data.val_manifest", str(dev),
                 f"--trainer.callbacks+={json.dumps(counter)}", "--trainer.callbacks+=tests.train.test_syncs.StepTotals",
                 *args])

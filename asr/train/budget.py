@@ -241,7 +241,7 @@ class Search:
     def __init__(self, args: list[str], budget: float, say=print):
         from asr.train import fitting  # here: asr.train.fitting imports this module
 
-        self.fit, self.args, self.budget, self.say = fit, args, budget, say
+        self.fit, self.args, self.budget, self.say = fitting, args, budget, say
         began = time.monotonic()
         self.base = fitting.build(args)
         self.build_seconds = time.monotonic() - began  # what each probe run pays again before its first step

@@ -104,7 +104,7 @@ def test_export_that_disagrees_with_its_checkpoint_fails_and_writes_nothing(expo
     _, other_export, _ = exports("mel")
     with open(other_export, "rb") as f:
         other_program = torch.export.load(f)
-    monkeypatch.setattr(export, "export_program", lambda model, sample_rate: other_program)
+    monkeypatch.setattr(exporting, "export_program", lambda model, sample_rate: other_program)
     write_checkpoint(tmp_path / "m.ckpt", char_tokenizer, seed=1)
     refused = "^python -m asr.export: error: .*not written, the export disagrees with .*m.ckpt: parity FAILED"
     with pytest.raises(SystemExit, match=refused):

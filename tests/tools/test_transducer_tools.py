@@ -97,7 +97,7 @@ def test_an_export_whose_prediction_network_disagrees_fails_and_writes_nothing(e
                                                                                 monkeypatch):
     other_checkpoint, _, _ = exports("transducer")  # another model's decoder graphs stand for any drift
     other = exporting.decoder_programs(exporting.serving_model(ASRModule.from_checkpoint(other_checkpoint).model).model)
-    monkeypatch.setattr(export, "decoder_programs", lambda model: other)
+    monkeypatch.setattr(exporting, "decoder_programs", lambda model: other)
     transducer_checkpoint(tmp_path / "m.ckpt", char_tokenizer, seed=1)
     with pytest.raises(SystemExit, match="not written, the export disagrees with .*m.ckpt: parity FAILED"):
         exporting.main([str(tmp_path / "m.ckpt"), str(tmp_path / "m.pt2")])

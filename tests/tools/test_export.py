@@ -167,7 +167,7 @@ def test_exported_statistics_of_a_part_normalise_as_the_checkpoints(exports, wav
 
 def test_the_second_pass_of_an_exported_file_takes_the_speechs_statistics_as_the_checkpoint(exports, write_audio,
                                                                                               monkeypatch):
-    from asr.inference import transcribe as tr
+    from asr.inference import transcriber as tr
 
     checkpoint, exported_file, _ = exports("mel")
     files = [write_audio(f"{i}.flac", seconds, seed=i) for i, seconds in enumerate((1.6, 2.4))]

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m asr.bench.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=list(GPU_PRESETS))
     parser.add_argument("--precision", choices=sorted(AUTOCAST), default="bf16-mixed")
-    parser.add_argument("--batch_seconds", type=float, default=200.0, help="audio-seconds per step")
+    parser.add_argument("--batch_seconds", type=float, default=200.0, help="audio-seconds per step (gpu-1000h.yaml: 1000)")
     parser.add_argument("--utterance_seconds", type=float, default=15.0)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)

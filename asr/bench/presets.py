@@ -32,6 +32,14 @@ from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
 
 HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
 
+ASSUMED_MFU = 0.4  # a preset's share of the GPU's dense bf16 peak where none is measured: large Transformers' usual
+# MFU of each GPU preset's bf16-mixed training step on an NVIDIA H200 (SXM, 989.5 TFLOP/s dense bf16; torch 2.11):
+# python -m asr.bench.gpu at 1000 audio-seconds a step (gpu-1000h.yaml's batch), xl and conformer-xl at 200 s only,
+# lower than they reach at 1000 s. Random data and no Lightning loop: an upper bound on a run's (docs/benchmarks.md,
+# 2026-11-28 night). The conformers are launch-bound: their convolution modules add many small kernels.
+MEASURED_MFU = {"conformer-large": 0.063, "large": 0.195, "xl": 0.155, "conformer-xl": 0.044, "conformer-1b": 0.189,
+                "xxl": 0.352}
+
 
 def model_of(*configs: Path, device: str = "meta", checkpoint_every: int = 0) -> CTCModel:
     """The CTCModel of ``python -m asr.fit --config A --config B ...``, on ``device`` (meta: shapes only): the
@@ -48,8 +56,18 @@ def model_of(*configs: Path, device: str = "meta", checkpoint_every: int = 0) ->
                         checkpoint_every=checkpoint_every).to(device)
 
 
-def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: float,
+def mfu_of(preset: str, given: float | None = None) -> tuple[float, str]:
+    """(MFU, where it comes from) for GPU-hour estimates: ``given``, else MEASURED_MFU's, else ASSUMED_MFU."""
+    if given is not None:
+        return given, "given"
+    if preset in MEASURED_MFU:
+        return MEASURED_MFU[preset], "measured on an H200"
+    return ASSUMED_MFU, "assumed"
+
+
+def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: tuple[float, str],
         worker_audio_per_second: float | None = None) -> str:
+    mfu, source = mfu
     cfg = model.encoder.cfg
     parameters = sum(p.numel() for p in model.parameters())
     samples = round(utterance_seconds * model.sample_rate)
@@ -61,7 +79,7 @@ def row(name: str, model: CTCModel, utterance_seconds: float, peak: float, mfu: 
     feed = f" {math.ceil(consumed / worker_audio_per_second)} |" if worker_audio_per_second else ""
     shape = f"{cfg.block} {cfg.d_model}x{cfg.n_layers}, x{cfg.subsampling} {cfg.subsampling_conv}"
     return (f"| {name} | {shape} | {parameters / 1e6:,.0f}M | {per_second / 1e9:.2f} | "
-            f"{front / per_second:.0%} | {hours:.2g} | {consumed:,.0f} |{feed}")
+            f"{front / per_second:.0%} | {mfu:.1%} ({source}) | {hours:.2g} | {consumed:,.0f} |{feed}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,22 +88,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="the recipe the presets stack on (its features, sample rate and vocabulary)")
     parser.add_argument("--utterance_seconds", type=float, default=15.0)
     parser.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="a name as torch.cuda.get_device_name gives it")
-    parser.add_argument("--mfu", type=float, default=0.4, help="assumed share of the GPU's bf16 peak")
+    parser.add_argument("--mfu", type=float, help="share of the GPU's bf16 peak for every preset (default: each "
+                        "GPU preset's measured on an H200, MEASURED_MFU; else ASSUMED_MFU)")
     parser.add_argument("--worker_audio_per_second", type=float,
                         help="what one data worker delivers (python -m asr.bench.loader): adds the workers each needs")
     args = parser.parse_args(argv)
     peak = gpu_peak_flops(args.gpu, "bf16")
     if peak is None:
         parser.error(f"--gpu {args.gpu!r}: no bf16 peak known (asr.train.cost.GPU_PEAKS)")
-    print(f"on {Path(args.recipe).name}, {args.utterance_seconds:g} s utterances; GPU-hours at {args.mfu:.0%} MFU of "
-          f"{args.gpu}'s {peak / 1e12:,.0f} TFLOP/s bf16 (an assumption until measured)\n")
+    print(f"on {Path(args.recipe).name}, {args.utterance_seconds:g} s utterances; GPU-hours at each row's MFU of "
+          f"{args.gpu}'s {peak / 1e12:,.0f} TFLOP/s bf16\n")
     feed = " data workers to feed it |" if args.worker_audio_per_second else ""
     print("| preset | encoder | parameters | forward GFLOP per audio-second | of it, subsampling | "
-          f"GPU-hours per {HOURS:,.0f} h epoch | audio-seconds trained on per GPU-second |{feed}")
-    print("|---|---|---|---|---|---|---|" + ("---|" if feed else ""))
+          f"MFU | GPU-hours per {HOURS:,.0f} h epoch | audio-seconds trained on per GPU-second |{feed}")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if feed else ""))
     models = {preset.stem: model_of(Path(args.recipe), preset) for preset in (CONFIGS / "model").glob("*.yaml")}
     for name, model in sorted(models.items(), key=lambda item: sum(p.numel() for p in item[1].parameters())):
-        print(row(name, model, args.utterance_seconds, peak, args.mfu, args.worker_audio_per_second))
+        print(row(name, model, args.utterance_seconds, peak, mfu_of(name, args.mfu), args.worker_audio_per_second))
 
 
 def run() -> None:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from asr.bench.presets import ASSUMED_MFU
 from asr.train.cost import compute_dtype, gpu_peak_flops, project
 
 CONVERGED_WITHIN = 0.01  # converged = validation loss within 1% of the run's minimum (the paper's definition)
@@ -124,7 +125,7 @@ class Target:
     """
 
     name: str = "A100"
-    mfu: float = 0.4
+    mfu: float = ASSUMED_MFU
     devices: int = 1
     price_per_device_hour: float = 0.0
     step_overhead: float = 0.0

@@ -11,10 +11,11 @@ model needs:
 - with ``--study OUT`` (a scaling study's study.json: steps ~ a D^k1 / M^k2 on your data), each preset's own
   steps to converge, at the study's batch, as audio-seconds;
 - without one, LITERATURE_EPOCHS for every size, said as such: an assumption until a study on your data fits it.
-It prints, per preset, the GPU-hours to train it that far at ``--mfu`` of the GPU's dense bf16 peak, and chooses
+It prints, per preset, the GPU-hours to train it that far at its MFU (each GPU preset's measured on an H200,
+asr.bench.presets.MEASURED_MFU, or ``--mfu`` for all) of the GPU's dense bf16 peak, and chooses
 the largest preset that fits the budget (at convergence a larger model reaches a lower error), or, when none fits,
 the smallest, with the share of its passes the budget buys. Then: preset, batch, steps, workers and the expected
-GPU-hours. The MFU is an assumption until a run on that GPU logs its ``cost/mfu``.
+GPU-hours. A run on that GPU logs its own ``cost/mfu``: give it as ``--mfu`` to plan again.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 import yaml
 
 from asr.bench.gpu import GPU_PRESETS
-from asr.bench.presets import model_of
+from asr.bench.presets import mfu_of, model_of
 from asr.configs import CONFIGS
 from asr.data.shards import ShardIndex
 from asr.data.shard_run import shard_list
@@ -81,7 +82,7 @@ def epochs_needed(params: float, hours: float, study: dict | None, study_batch_s
     return steps * study_batch_seconds / (hours * 3600)
 
 
-def plan(budget_hours: float, hours: float, gpu: str, gpus: int, mfu: float, study: dict | None,
+def plan(budget_hours: float, hours: float, gpu: str, gpus: int, mfu: float | None, study: dict | None,
          presets: list[str], study_batch_seconds: float = 0.0) -> dict:
     """Each preset's parameters, FLOPs, passes and GPU-hours, and the choice, for ``budget_hours`` of ``gpu``."""
     peak = gpu_peak_flops(gpu, "bf16")
@@ -92,9 +93,10 @@ def plan(budget_hours: float, hours: float, gpu: str, gpus: int, mfu: float, stu
     for name in presets:
         params, per_second = preset_cost(recipe, name)
         epochs = epochs_needed(params, hours, study, study_batch_seconds)
-        gpu_hours = epochs * hours * TRAIN_FLOPS_PER_FORWARD * per_second / (peak * mfu)
+        share, source = mfu_of(name, mfu)
+        gpu_hours = epochs * hours * TRAIN_FLOPS_PER_FORWARD * per_second / (peak * share)
         rows.append({"preset": name, "parameters": params, "gflop_per_audio_second": per_second / 1e9,
-                     "epochs": epochs, "gpu_hours": gpu_hours})
+                     "mfu": share, "mfu_from": source, "epochs": epochs, "gpu_hours": gpu_hours})
     rows.sort(key=lambda r: r["parameters"])
     fitting = [r for r in rows if r["gpu_hours"] <= budget_hours]
     chosen = fitting[-1] if fitting else rows[0]
@@ -108,12 +110,13 @@ def describe(result: dict, batch_seconds: float, workers: int) -> str:
     """The plan as printed: the table, then preset, batch, steps, workers and GPU-hours."""
     source = ("your study's fit" if result["epochs_from"] == "study" else
               f"the literature's {LITERATURE_EPOCHS:g} passes (no study given: an assumption)")
-    lines = [f"{result['corpus_hours']:,.1f} h of audio, {result['gpus']} x {result['gpu']} at {result['mfu']:.0%} MFU "
-             f"(assumed until a run logs cost/mfu), passes from {source}; recipe {result['recipe']}",
-             f"{'preset':<16} {'params':>8} {'GFLOP/audio-s':>13} {'passes':>7} {'GPU-hours':>10}"]
+    lines = [f"{result['corpus_hours']:,.1f} h of audio, {result['gpus']} x {result['gpu']}, passes from {source}; "
+             f"recipe {result['recipe']}",
+             f"{'preset':<16} {'params':>8} {'GFLOP/audio-s':>13} {'MFU':>29} {'passes':>7} {'GPU-hours':>10}"]
     for r in result["rows"]:
+        mfu = f"{r['mfu']:.1%} ({r['mfu_from']})"
         lines.append(f"{r['preset']:<16} {r['parameters'] / 1e6:>7.0f}M {r['gflop_per_audio_second']:>13.2f} "
-                     f"{r['epochs']:>7.1f} {r['gpu_hours']:>10.1f}")
+                     f"{mfu:>29} {r['epochs']:>7.1f} {r['gpu_hours']:>10.1f}")
     chosen = next(r for r in result["rows"] if r["preset"] == result["chosen"])
     passes = chosen["epochs"] * result["share_of_passes"]
     global_batch = batch_seconds * result["gpus"]
@@ -146,7 +149,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--study", help="a scaling study's output folder (its study.json) fitted on your data")
     p.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="a name as torch.cuda.get_device_name gives it")
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the run")
-    p.add_argument("--mfu", type=float, default=0.4, help="assumed share of the GPU's bf16 peak")
+    p.add_argument("--mfu", type=float, help="share of the GPU's bf16 peak for every preset (default: each preset's "
+                   "measured on an H200, asr.bench.presets.MEASURED_MFU; else the assumed ASSUMED_MFU)")
     p.add_argument("--presets", nargs="+", default=list(GPU_PRESETS))
     return p
 

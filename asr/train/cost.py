@@ -56,6 +56,9 @@ GPU_PEAKS: list[tuple[str, tuple[float | None, ...]]] = [
     (r"h100.*pcie", (51, 378, 756.5, 756.5)),
     (r"h100.*nvl", (60, 417.5, 835.5, 835.5)),
     (r"h100", (67, 494.5, 989.5, 989.5)),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM, NVL columns): the H100's arithmetic with more memory
+    (r"h200.*nvl", (60, 417.5, 835.5, 835.5)),
+    (r"h200", (67, 494.5, 989.5, 989.5)),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe alike)
     (r"a100", (19.5, 156, 312, 312)),
     # NVIDIA L4 Tensor Core GPU datasheet

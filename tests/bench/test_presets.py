@@ -38,6 +38,6 @@ def test_the_audio_a_gpu_trains_on_and_the_workers_that_feed_it_follow_from_the_
     main(["--worker_audio_per_second", "500"])
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     for r in rows[1:]:
-        hours, consumed, workers = float(r[5]), float(r[6].replace(",", "")), int(r[7].strip(" |"))
+        hours, consumed, workers = float(r[6]), float(r[7].replace(",", "")), int(r[8].strip(" |"))
         assert consumed == pytest.approx(1000 / hours, rel=0.05)  # 1,000 h of audio in that many GPU-hours
         assert workers == math.ceil(consumed / 500)

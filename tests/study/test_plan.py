@@ -49,6 +49,20 @@ def test_the_plan_is_the_largest_preset_that_fits_else_the_smallest_for_the_shar
     assert tight["chosen"] == "conformer-large" and not tight["fits"] and tight["share_of_passes"] == pytest.approx(0.5)
 
 
+def test_each_preset_is_costed_at_its_measured_mfu_unless_one_is_given():
+    """conformer-large has fewer FLOPs than large, but ran at a third of its MFU on an H200: measured, it costs more."""
+    measured = plan.plan(1e6, 1000.0, "NVIDIA H100 80GB HBM3", 8, None, None, ["conformer-large", "large"])
+    rows = {r["preset"]: r for r in measured["rows"]}
+    assert {r["mfu_from"] for r in rows.values()} == {"measured on an H200"}
+    assert rows["conformer-large"]["gpu_hours"] > rows["large"]["gpu_hours"]
+    given = plan.plan(1e6, 1000.0, "NVIDIA H100 80GB HBM3", 8, 0.4, None, ["conformer-large", "large", "base"])
+    rows = {r["preset"]: r for r in given["rows"]}
+    assert {r["mfu_from"] for r in rows.values()} == {"given"} and {r["mfu"] for r in rows.values()} == {0.4}
+    assert rows["conformer-large"]["gpu_hours"] < rows["large"]["gpu_hours"]
+    unmeasured = plan.plan(1e6, 1000.0, "NVIDIA H100 80GB HBM3", 8, None, None, ["base"])["rows"][0]
+    assert unmeasured["mfu_from"] == "assumed"
+
+
 def test_plan_only_from_the_fit_command_prints_preset_batch_steps_workers_and_gpu_hours(tmp_path):
     shards = index(tmp_path / "shards", 360_000, 10.0)
     done = subprocess.run([sys.executable, "-m", "asr.fit", "--budget_gpu_hours", "200", "--plan_only",
@@ -59,6 +73,7 @@ def test_plan_only_from_the_fit_command_prints_preset_batch_steps_workers_and_gp
     assert "literature's 30 passes (no study given: an assumption)" in out and "recipe gpu-1000h.yaml" in out
     plan_line = next(line for line in out.splitlines() if line.startswith("plan: "))
     assert "batch 1000 audio-seconds per GPU" in plan_line and "steps" in plan_line and "8 data workers" in plan_line
+    assert "measured on an H200" in out  # each row's MFU says where it comes from
     assert "GPU-hours of NVIDIA H100" in plan_line and "python -m asr.fit --config configs/recipes/gpu-1000h.yaml" in out
 
 

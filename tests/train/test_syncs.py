@@ -129,17 +129,20 @@ def test_max_consecutive_skips_stop_the_run_at_the_next_logging_step(char_tokeni
 @pytest.mark.gpu
 def test_on_a_gpu_a_step_between_logging_steps_synchronizes_only_in_torchs_ctc_loss(tmp_path):
     """torch's CTC loss reads its lengths on the host and copies its plan to the device (forward and backward),
-    which nothing in asr can avoid; every other sync CUDA's debug mode sees fails the test."""
-    per_call = ctc_syncs()
+    which nothing in asr can avoid; a sync CUDA's debug mode sees anywhere else fails the test. How many the loss
+    makes depends on torch's version and the batch (torch 2.11 on an H200: 20 a step in the default run, where a
+    2-utterance call alone made 11), so the test checks where they come from, not their number."""
+    ctc_places = ctc_sync_places()
     _, counter, _ = default_fit(tmp_path, "--trainer.accelerator", "gpu", "--trainer.devices", "1", cuda=True)
     quiet = [s for s in range(2, 23) if s not in counter.logging]  # step 1 makes the optimizer's state
     syncs = {s: [where for what, where in counter.steps[s] if what == "cuda sync"] for s in quiet}
     calls = {s: sum(what == "ctc_loss" for what, _ in counter.steps[s]) for s in quiet}
-    assert {s: len(w) for s, w in syncs.items()} == {s: per_call * calls[s] for s in quiet}, syncs
+    assert all(calls[s] for s in quiet), calls  # the counter saw the loss
+    assert {s: sorted(set(w) - ctc_places) for s, w in syncs.items()} == {s: [] for s in quiet}, syncs
 
 
-def ctc_syncs() -> int:
-    """The syncs CUDA's debug mode sees in one forward and backward of asr's CTC loss."""
+def ctc_sync_places() -> set[str]:
+    """Where (file:line) the syncs CUDA's debug mode sees in one forward and backward of asr's CTC loss happen."""
     log_probs = torch.randn(2, 30, 8, device="cuda", requires_grad=True)
     tokens, lengths = torch.ones(2, 5, dtype=torch.long, device="cuda"), torch.tensor([30, 20], device="cuda")
     token_lengths = torch.tensor([5, 3], device="cuda")
@@ -151,4 +154,6 @@ def ctc_syncs() -> int:
             objectives.ctc_loss(log_probs.log_softmax(-1), lengths, tokens, token_lengths, "sum").backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchronizing" in str(w.message) for w in seen)
+    places = {f"{Path(w.filename).name}:{w.lineno}" for w in seen if "synchronizing" in str(w.message)}
+    assert places, "CUDA's debug mode saw no sync in torch's CTC loss: the test's premise is gone"
+    return places

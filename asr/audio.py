@@ -1,8 +1,9 @@
 """Audio in: reading, mixing to mono, resampling (whole files and streams). The feature front end that turns it
 into frames is part of the model (asr.models.features).
 
-``load_audio`` reads a file with soundfile, mixed to mono float32 (n,); ``resample`` uses torchaudio's sinc filter,
-``StreamResampler`` the same piece by piece; ``frame_samples`` is samples per encoder frame.
+``AudioFile`` is a file open for reading in pieces, mixed to mono float32 (n,); ``load_audio`` reads one span of it;
+``resample`` uses torchaudio's sinc filter, ``StreamResampler`` the same piece by piece; ``frame_samples`` is samples
+per encoder frame. An utterance's audio is read through asr.data.sources, which names its manifest line too.
 """
 
 from __future__ import annotations
@@ -30,18 +31,47 @@ def frame_samples(frame_seconds: float, sample_rate: int) -> int:
     return round(samples)
 
 
+class AudioFile:
+    """An audio file open for reading in pieces (a context manager): ``read`` gives mono float32 at the file's own
+    ``rate``, so a long file is never read whole. A file that cannot be opened, or corrupt or truncated data met by
+    a read, raises AudioError ``PATH: cannot read audio (REASON)``."""
+
+    ERRORS = (soundfile.LibsndfileError, RuntimeError, OSError)  # what soundfile raises for a bad file
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        try:
+            self.file = soundfile.SoundFile(self.path)
+        except self.ERRORS as err:
+            raise AudioError(f"{self.path}: cannot read audio ({err})") from err
+        self.rate = self.file.samplerate
+
+    def read(self, start: int, frames: int = -1) -> np.ndarray:
+        """``frames`` samples (-1: to the end; fewer where the file ends) from sample ``start``: (n,) float32."""
+        try:
+            return read_mono(self.file, start, frames)
+        except self.ERRORS as err:
+            raise AudioError(f"{self.path}: cannot read audio ({err})") from err
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "AudioFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def load_audio(path: str | Path, offset: float = 0.0, duration: float | None = None) -> tuple[np.ndarray, int]:
     """Read ``path`` with soundfile, mixed to mono.
 
     Returns (samples float32 of shape (n,), sample rate in Hz). ``offset`` and
-    ``duration`` are in seconds; ``duration=None`` reads to the end.
+    ``duration`` are in seconds; ``duration=None`` reads to the end. AudioError naming the file if it cannot be read.
     """
-    try:
-        with soundfile.SoundFile(str(path)) as f:
-            rate = f.samplerate
-            samples = read_mono(f, int(round(offset * rate)), -1 if duration is None else int(round(duration * rate)))
-    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-        raise AudioError(f"{path}: cannot read audio ({err})") from err
+    with AudioFile(path) as f:
+        rate = f.rate
+        samples = f.read(round(offset * rate), -1 if duration is None else round(duration * rate))
     if samples.shape[0] == 0:
         raise AudioError(f"{path}: no audio samples (empty file or offset past the end)")
     return samples, rate

@@ -9,18 +9,21 @@ Streamed training data (Lhotse Shar shards) is asr.data.shards: a stream has no 
 
 An utterance is an ``asr.data.manifest.Utterance`` (source: "FILE:LINE", audio_filepath, duration, text,
 offset). ``source_for(path, flag)`` picks the source for a path: the one place a new kind plugs in.
-``read_utterance`` is the one reader of an utterance's audio (training, asr.shard, asr.transcribe).
+``read_utterance`` reads an utterance's audio whole (training, asr.shard, asr.transcribe), ``UtteranceAudio`` in
+pieces from its file opened once (asr.transcribe's long files and ``--stream`` replay): one wording of every error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from asr.audio import AudioError, check_finite, load_audio
+from asr.audio import AudioError, AudioFile, check_finite, load_audio
 from asr.data import manifest as mf
 
 AUDIO_SUFFIXES = (".flac", ".wav", ".ogg", ".mp3", ".opus", ".aiff", ".aif")  # what a folder's listing takes
@@ -37,20 +40,77 @@ class Source(Protocol):
     def read(self, utt: mf.Utterance) -> tuple[np.ndarray, int]: ...
 
 
+@contextlib.contextmanager
+def naming(utt: mf.Utterance) -> Iterator[None]:
+    """An AudioError raised inside (its message names the file) also names the utterance's manifest line, FILE:LINE,
+    where it has one: the one wording of an unreadable utterance, read whole or in pieces."""
+    try:
+        yield
+    except AudioError as err:
+        named = str(err) if utt.source in ("", str(utt.audio_filepath)) else f"{utt.source}: {err}"
+        raise AudioError(named) from err
+
+
+def check_length(utt: mf.Utterance, seconds: float) -> None:
+    """AudioError if the utterance's file ended after ``seconds`` of it, shorter than its duration says (a file cut
+    short since it was checked; a duration of 0: not known, never short)."""
+    if mf.shorter_than_said(seconds, utt.duration):
+        raise AudioError(f"{utt.audio_filepath}: holds {seconds:.3f} s, {utt.duration:.3f} s expected (its line, or "
+                         "its header at start-up): cut short since it was listed")
+
+
 def read_utterance(utt: mf.Utterance) -> tuple[np.ndarray, int]:
     """The utterance's samples (n,) float32 and rate: the one reader of an utterance's audio, whatever listed it.
     AudioError naming it (its FILE:LINE, and the file) if they cannot be read, are not finite, or are shorter than
     its duration says (a file cut short since it was checked)."""
-    path = str(utt.audio_filepath)
-    try:
+    with naming(utt):
         samples, rate = load_audio(utt.audio_filepath, utt.offset, utt.duration if utt.has_offset else None)
-        check_finite(samples, path)
-        if mf.shorter_than_said(len(samples) / rate, utt.duration):
-            raise AudioError(f"{path}: holds {len(samples) / rate:.3f} s, {utt.duration:.3f} s expected (its line, or "
-                             "its header at start-up): cut short since it was listed")
-    except AudioError as err:  # its message names the file; a manifest line adds FILE:LINE
-        raise AudioError(str(err) if utt.source in ("", path) else f"{utt.source}: {err}") from err
+        check_finite(samples, str(utt.audio_filepath))
+        check_length(utt, len(samples) / rate)
     return samples, rate
+
+
+class UtteranceAudio:
+    """An utterance's audio read in pieces, its file opened once (a context manager): ``read_utterance`` for audio
+    too long to hold (asr.inference.longform's chunks, asr.transcribe ``--stream``'s replay of a file). Samples are
+    mono float32 at the file's own ``rate``, counted from the utterance's offset; it ends at offset + duration
+    where it has an offset, else at the file's end. Every AudioError is read_utterance's: a file that cannot be
+    opened or read, non-finite samples, a file that ends before its duration says."""
+
+    def __init__(self, utt: mf.Utterance):
+        self.utt = utt
+        with naming(utt):
+            self.file = AudioFile(utt.audio_filepath)
+        self.rate = self.file.rate
+        self.start = round(utt.offset * self.rate) if utt.has_offset else 0  # the file's sample of its sample 0
+        self.end = round(utt.duration * self.rate) if utt.has_offset else None  # its length, None: the file's end
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Its samples [start, start + count), (n,) float32; fewer only where it ends."""
+        if self.end is not None:
+            count = max(0, min(count, self.end - start))
+        with naming(self.utt):
+            samples = self.file.read(self.start + start, count)
+            check_finite(samples, str(self.utt.audio_filepath))
+            if len(samples) < count:  # the file ended
+                check_length(self.utt, (start + len(samples)) / self.rate)
+        return samples
+
+    def pieces(self, size: int) -> Iterator[np.ndarray]:
+        """Its samples from start to end in consecutive pieces of ``size`` (the last may be shorter)."""
+        start = 0
+        while len(piece := self.read(start, size)):
+            yield piece
+            start += len(piece)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "UtteranceAudio":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class ManifestSource:

@@ -16,13 +16,15 @@ import json
 import struct
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import BinaryIO, TextIO
 
 import numpy as np
-import soundfile
 import torch
 
 from asr.audio import AudioError, StreamResampler
+from asr.data.manifest import Utterance
+from asr.data.sources import UtteranceAudio
 from asr.inference.streaming import Update
 
 PIECE_SECONDS = 0.1  # audio read at a time: a pipe's reads are up to this, a file's replay pieces are this
@@ -74,15 +76,11 @@ def pcm_pieces(f: BinaryIO, name: str, sample_rate: int) -> Iterator[np.ndarray]
 
 def file_pieces(path: str, sample_rate: int) -> Iterator[np.ndarray]:
     """(n,) float32 pieces of PIECE_SECONDS of an audio file, mixed to mono and resampled to ``sample_rate`` as they
-    are read (the file is never read whole); a file soundfile cannot read raises AudioError naming it."""
-    try:
-        f = soundfile.SoundFile(path)
-    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-        raise AudioError(f"{path}: cannot read audio ({err})") from err
-    with f:
-        convert = StreamResampler(f.samplerate, sample_rate) if f.samplerate != sample_rate else None
-        for block in f.blocks(blocksize=round(PIECE_SECONDS * f.samplerate), dtype="float32", always_2d=True):
-            samples = block.mean(axis=1)
+    are read (the file is never read whole: asr.data.sources.UtteranceAudio); a file that cannot be read, at its
+    start or on the way, or non-finite samples raise AudioError naming it."""
+    with UtteranceAudio(Utterance(Path(path), 0.0, "")) as audio:
+        convert = StreamResampler(audio.rate, sample_rate) if audio.rate != sample_rate else None
+        for samples in audio.pieces(round(PIECE_SECONDS * audio.rate)):
             yield convert(torch.from_numpy(samples)).numpy() if convert else samples
         if convert:
             yield convert(torch.zeros(0), final=True).numpy()

@@ -2,10 +2,10 @@
 
 A file longer than ``chunk_seconds`` is never read whole. It is cut into chunks of
 ``chunk_seconds`` that overlap by ``overlap_seconds``; each chunk is read from disk on its
-own (soundfile seek + read), run through the model (several chunks per batch), and only
-its central encoder frames are kept: neighbouring chunks meet at the middle of their
-overlap, so every kept frame saw at least ``overlap_seconds / 2`` of audio on each side
-(file edges aside). Chunk starts are whole encoder frames, so a chunk's frame ``j`` is the
+own (asr.data.sources.UtteranceAudio: the file opened once, read chunk by chunk), run
+through the model (several chunks per batch), and only its central encoder frames are kept:
+neighbouring chunks meet at the middle of their overlap, so every kept frame saw at least
+``overlap_seconds / 2`` of audio on each side (file edges aside). Chunk starts are whole encoder frames, so a chunk's frame ``j`` is the
 file's frame ``start + j`` and the stitched sequence has exactly the frames one pass over
 the whole file would give. The last chunk is pulled back to end at the file's end, so it
 is a full chunk too.
@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 
-import soundfile
 import torch
 
-from asr.audio import AudioError, check_finite, frame_samples, read_mono, resample
+from asr.audio import frame_samples, resample
 from asr.data.manifest import Utterance
+from asr.data.sources import UtteranceAudio
 from asr.inference.result import loudness
 from asr.models.ctc_decoding import blank_cut
 
@@ -49,41 +49,21 @@ def chunk_starts(frames: int, chunk: int, overlap: int) -> list[int]:
     return starts + [frames - chunk]
 
 
-def read_chunk(f: soundfile.SoundFile, first: int, count: int, base: int, sample_rate: int) -> torch.Tensor:
-    """``count`` samples at ``sample_rate`` starting ``first`` samples after file sample ``base``,
-    read from ``f`` (at its own rate), mixed to mono and resampled: (n,) float32."""
-    rate = f.samplerate
-    samples = read_mono(f, base + round(first * rate / sample_rate), round(count * rate / sample_rate))
-    return resample(torch.from_numpy(samples), rate, sample_rate)
-
-
-def opened(utt: Utterance) -> soundfile.SoundFile:
-    """The utterance's audio file, open for reading; one that cannot be opened raises AudioError naming it."""
-    try:
-        return soundfile.SoundFile(str(utt.audio_filepath))
-    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
-        raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
-
-
 def read_frames(utt: Utterance, first: int, count: int, model) -> torch.Tensor:
     """The audio of the utterance's encoder frames [first, first + count) at the model's rate, (n,) float32;
-    a file that cannot be read, or corrupt or non-finite data, raises AudioError naming it."""
-    with opened(utt) as f:
+    audio that cannot be read raises AudioError naming it (asr.data.sources.read_utterance's wording)."""
+    with UtteranceAudio(utt) as audio:
         step = frame_samples(model.frame_seconds, model.sample_rate)
-        return frames_audio(f, utt, first, count, model.sample_rate, step)
+        return frames_audio(audio, first, count, model.sample_rate, step)
 
 
-def frames_audio(f: soundfile.SoundFile, utt: Utterance, first: int, count: int, rate: int, step: int) -> torch.Tensor:
-    """The audio of encoder frames [first, first + count) (``step`` samples each at ``rate``) of the utterance
-    in the open file ``f``, up to its end; corrupt, truncated or non-finite data raises AudioError naming it."""
-    base = round(utt.offset * f.samplerate) if utt.has_offset else 0
-    total = round(utt.duration * rate)  # samples at the model's rate
-    try:
-        audio = read_chunk(f, first * step, min(count * step, total - first * step), base, rate)
-    except (soundfile.LibsndfileError, RuntimeError, OSError) as err:  # corrupt or truncated data
-        raise AudioError(f"{utt.source}: cannot read audio ({err})") from err
-    check_finite(audio, utt.source)
-    return audio
+def frames_audio(audio: UtteranceAudio, first: int, count: int, rate: int, step: int) -> torch.Tensor:
+    """The audio of encoder frames [first, first + count) (``step`` samples each at ``rate``) of the open
+    utterance ``audio``, up to its duration's end, resampled from the file's rate to ``rate``: (n,) float32."""
+    total = round(audio.utt.duration * rate)  # samples at ``rate``
+    begin, length = first * step, min(count * step, total - first * step)
+    samples = audio.read(round(begin * audio.rate / rate), round(length * audio.rate / rate))
+    return resample(torch.from_numpy(samples), audio.rate, rate)
 
 
 def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float, batch_chunks: int,
@@ -97,13 +77,13 @@ def stitched(model, utt: Utterance, chunk_seconds: float, overlap_seconds: float
     """
     rate, step = model.sample_rate, frame_samples(model.frame_seconds, model.sample_rate)
     chunk, overlap = round(chunk_seconds / model.frame_seconds), round(overlap_seconds / model.frame_seconds)
-    with opened(utt) as f:
+    with UtteranceAudio(utt) as reader:
         starts = chunk_starts(math.ceil(round(utt.duration * rate) / step), chunk, overlap)
         kept_from = 0  # first frame not yet handed out
         for b in range(0, len(starts), batch_chunks):
             done = kept_from
             batch = starts[b: b + batch_chunks]
-            audio = [frames_audio(f, utt, s, chunk, rate, step) for s in batch]
+            audio = [frames_audio(reader, s, chunk, rate, step) for s in batch]
             lengths = torch.tensor([len(a) for a in audio])
             log_probs, out_lengths = model.log_probs(torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths)
             for i, start in enumerate(batch):

@@ -119,6 +119,16 @@ def test_a_file_is_replayed_as_the_api_streams_it(streaming_checkpoint, tmp_path
         [heard], endpoint_seconds=0.4) if u.final]
 
 
+def test_a_replayed_file_unreadable_on_the_way_ends_in_one_line_naming_it(streaming_checkpoint, tmp_path, capsys):
+    """Corrupt data mid-file (asr.data.sources.UtteranceAudio reads the replay): exit 2 and one line, no traceback."""
+    path = tmp_path / "corrupt.flac"
+    soundfile.write(path, speech_and_pauses().numpy(), RATE, subtype="PCM_16")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] + b"\xff" * 2000 + data[len(data) // 2 + 2000:])
+    assert main(["--checkpoint", str(streaming_checkpoint), "--stream", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"python -m asr.transcribe: error: {path}: cannot read audio (")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--stream", "-", "a.flac"], "not both"), (["--stream", "a.flac", "--output", "x.jsonl"], "prints to stdout"),
     (["--stream", "-", "--realtime"], "--realtime replays a file")])

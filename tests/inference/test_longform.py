@@ -13,11 +13,12 @@ import random
 import re
 import sys
 
+import numpy as np
 import pytest
 import soundfile
 import torch
 
-from asr.audio import frame_samples
+from asr.audio import AudioError, frame_samples
 from asr.data import manifest as mf
 from asr.inference.acoustic import load_model
 from asr.inference.longform import chunk_starts, segments, stitched
@@ -26,7 +27,7 @@ from asr.inference.transcriber import Transcriber
 from asr.models.ctc_decoding import blank_cut, greedy
 from asr.models.objectives import CTC
 from asr.tokenizer import BLANK_ID
-from tests.conftest import TEXTS
+from tests.conftest import TEXTS, sine
 from tests.tones import RATE, ToneModel, tones
 
 
@@ -66,6 +67,26 @@ def test_chunks_of_a_real_model_stitch_to_the_frames_of_one_pass(checkpoint, wri
     _, lengths = model.log_probs(audio, torch.tensor([audio.shape[1]]))
     assert len(pieces) == len(chunk_starts(175, 50, 12)) and sum(len(p) for p in pieces) == int(lengths[0])
     assert isinstance(Transcriber(model, chunk_seconds=2.0, overlap_seconds=0.5).transcribe([path])[0], str)
+
+
+def test_a_long_file_that_fails_on_the_way_is_named_by_its_line_and_file(tmp_path, char_tokenizer):
+    """Read in chunks, a long file's errors are read_utterance's (asr.data.sources): a file cut short since its line
+    was checked is said to be (not blamed on the model's frame_seconds, as it was), and corrupt data mid-file is a
+    failed Result naming the manifest line and the file (it named only the line)."""
+    model = ToneModel(char_tokenizer)
+    short = tmp_path / "short.wav"
+    soundfile.write(short, np.zeros(3 * RATE, np.float32), RATE)
+    with pytest.raises(AudioError) as cut:
+        list(stitched(model, mf.Utterance(short, 6.0, "", source="m.jsonl:3"), 2.0, 0.5, batch_chunks=2))
+    assert str(cut.value) == (f"m.jsonl:3: {short}: holds 3.000 s, 6.000 s expected (its line, or its header at "
+                              "start-up): cut short since it was listed")
+    corrupt = tmp_path / "corrupt.flac"
+    soundfile.write(corrupt, sine(5.0, RATE), RATE, subtype="PCM_16")
+    data = corrupt.read_bytes()
+    corrupt.write_bytes(data[: len(data) // 2] + b"\xff" * 2000 + data[len(data) // 2 + 2000:])
+    result = Transcriber(model, chunk_seconds=2.0, overlap_seconds=0.5).transcribe_results(
+        [mf.Utterance(corrupt, 5.0, "", source="m.jsonl:4")])[0]
+    assert result.error.startswith(f"m.jsonl:4: {corrupt}: cannot read audio (")
 
 
 @pytest.fixture

@@ -33,7 +33,9 @@ import yaml
 from asr.bench.gpu import GPU_PRESETS
 from asr.bench.presets import mfu_of, model_of
 from asr.configs import CONFIGS
+from asr.data.manifest import ManifestError
 from asr.data.shards import ShardIndex
+from asr.data.sources import source_for
 from asr.data.shard_run import shard_list
 from asr.hardware import MAX_GPU_WORKERS
 from asr.settings import ConfigError
@@ -51,10 +53,13 @@ def corpus_hours(shards: str | None, manifest: str | None) -> tuple[float, str]:
         indexes = [ShardIndex.read(root, "--data.train_shards") for root in shard_list(shards)]
         seconds = sum(i.seconds for i in indexes)
         return seconds / 3600, f"{sum(i.utterances for i in indexes):,} utterances in {len(indexes)} shard index(es)"
-    if manifest:
-        lines = Path(manifest).read_text().splitlines()
-        seconds = sum(float(json.loads(line).get("duration", 0)) for line in lines if line.strip())
-        return seconds / 3600, f"{len(lines):,} lines of {manifest}"
+    if manifest:  # read as training reads it: the same lines kept, the same bad lines named
+        utterances, problems = source_for(manifest, "--data.train_manifest").parse()
+        if not utterances:
+            raise ConfigError(f"--data.train_manifest {manifest}: no usable line"
+                              + (f" ({len(problems):,} bad, the first {problems[0]})" if problems else ""))
+        left_out = f", {len(problems):,} bad lines left out" if problems else ""
+        return sum(u.duration for u in utterances) / 3600, f"{len(utterances):,} utterances of {manifest}{left_out}"
     raise ConfigError("--budget_gpu_hours --plan_only needs the corpus: --data.train_shards or --data.train_manifest")
 
 
@@ -181,5 +186,5 @@ def main(argv: list[str] | None = None) -> dict:
 def run() -> None:
     try:
         main()
-    except (ConfigError, OSError) as err:
+    except (ConfigError, ManifestError, OSError) as err:
         sys.exit(f"asr.fit: error: {err}")

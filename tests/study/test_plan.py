@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import soundfile
 
 from asr.settings import ConfigError
 from asr.study import plan
@@ -75,6 +76,20 @@ def test_plan_only_from_the_fit_command_prints_preset_batch_steps_workers_and_gp
     assert "batch 1000 audio-seconds per GPU" in plan_line and "steps" in plan_line and "8 data workers" in plan_line
     assert "measured on an H200" in out  # each row's MFU says where it comes from
     assert "GPU-hours of NVIDIA H100" in plan_line and "python -m asr.fit --config configs/recipes/gpu-1000h.yaml" in out
+
+
+def test_a_manifests_hours_are_its_usable_lines_and_one_with_none_is_refused_naming_the_first_bad_line(tmp_path):
+    good = tmp_path / "a.wav"
+    soundfile.write(good, [0.0] * 16000, 16000)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio_filepath": str(good), "duration": 1800.0, "text": "a"}) + "\n"
+                        + json.dumps({"audio_filepath": str(good), "text": "no duration"}) + "\n")
+    hours, source = plan.corpus_hours(None, str(manifest))
+    assert hours == 0.5 and source == f"1 utterances of {manifest}, 1 bad lines left out"
+    manifest.write_text(json.dumps({"audio_filepath": str(good), "text": "no duration"}) + "\n")
+    with pytest.raises(ConfigError, match=rf"--data.train_manifest {manifest}: no usable line \(1 bad, the first "
+                                          rf"{manifest}:1: "):
+        plan.corpus_hours(None, str(manifest))
 
 
 def test_a_plan_without_plan_only_or_corpus_is_refused_by_name(tmp_path):

@@ -21,16 +21,16 @@ def speech_and_pauses(seed: int = 0, rate: int = RATE) -> torch.Tensor:
     return audio
 
 
-def streaming_module(tokenizer: Tokenizer, chunk: int = 2, rate: int = RATE):
+def streaming_module(tokenizer: Tokenizer, chunk: int = 2, rate: int = RATE, norm: str = "global"):
     """An untrained streaming Conformer-CTC ASRModule for ``rate`` Hz (d_model 32, 2 blocks, 40 ms frames, chunk
-    ``chunk`` frames, 6 frames of left context, global normalisation) whose blank is biased to win 60% of the frames
+    ``chunk`` frames, 6 frames of left context, ``norm`` normalisation) whose blank is biased to win 60% of the frames
     of speech_and_pauses: blank on its silence and quiet second, tokens on most of its noise."""
     from asr.train.module import ASRModule  # here: Lightning only for the tests that need it
 
     torch.manual_seed(0)
     cfg = encoder(n_heads=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5, streaming=True,
                   chunk_frames=chunk, left_context=6)
-    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(rate, norm="global", var_floor=0.0, quiet_db=0.0))
+    module = ASRModule(tokenizer=tokenizer, encoder=cfg, features=FeatureConfig(rate, norm=norm, var_floor=0.0, quiet_db=0.0))
     module.eval()
     audio = speech_and_pauses(rate=rate)[None]
     with torch.no_grad():

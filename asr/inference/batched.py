@@ -47,7 +47,7 @@ def advance_streams(network: nn.Module, audios: list[torch.Tensor], states: list
                 outputs[i].append(frames[row: row + 1])
                 caches[i], feats[i] = own, feats[i][:, take:]
     return [(torch.cat(out, dim=1) if out else None,
-             streaming.StreamState(s.audio, x[:, : 0 if final else x.shape[1]], cache))
+             s._replace(feats=x[:, : 0 if final else x.shape[1]], encoder=cache))
             for out, s, x, cache, final in zip(outputs, states, feats, caches, finals)]
 
 

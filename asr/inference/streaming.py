@@ -126,7 +126,7 @@ def streaming_model(model: Any) -> StreamingModel:
     if module is not None and streaming.streams(module.model):
         return NetworkStream(module.model, model.tokenizer, model.device)
     raise ValueError("this model cannot stream: it was not trained with --model.encoder.streaming true and "
-                     "--model.features.norm global (configs/recipes/demo-streaming.yaml), or it is an exported .pt2")
+                     "--model.features.norm global or running (configs/recipes/demo-streaming.yaml), or it is an exported .pt2")
 
 
 def chunk_frames(model: StreamingModel, chunk_seconds: float | None) -> int:

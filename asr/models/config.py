@@ -32,7 +32,7 @@ class EncoderConfig:
         conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
         conv_norm: conformer only: norm after the depthwise convolution, "layer" or "batch" (padding-masked).
         streaming: a streaming encoder (asr.models.streaming; conformer blocks, attention_window 0, and
-            model.features.norm global): attention over chunks of encoder frames with left_context frames before
+            model.features.norm global or running): attention over chunks of encoder frames with left_context frames before
             each chunk, causal depthwise convolutions and subsampling, so that a frame sees no audio past the end of
             its chunk; trained with a chunk size drawn per batch (WeNet's dynamic chunk training).
         chunk_frames: streaming only: encoder frames per chunk when not training (the latency transcription runs

@@ -10,8 +10,10 @@ are given in seconds, so one code path serves 8 kHz and 16 kHz audio:
                    (``kind="linear"`` gives a 161-bin linear spectrogram, 20 ms window)
 
 Normalisation (``FeatureConfig.norm``): per utterance by default (``normalise``: the statistics of all its frames,
-so a frame's features depend on audio after it), or ``global``: one mean and variance per bin for all audio, kept
-with the weights, so each frame is scaled alone and a stream needs no future audio (``complete_frames``).
+so a frame's features depend on audio after it), or causal, so a stream needs no future audio (``stream_frames``):
+``global``, one mean and variance per bin for all audio, kept with the weights, each frame scaled alone; or
+``running``, each frame by the mean and variance per bin of its utterance's frames up to it, started from the
+global ones (``running_normalise``: online CMVN, carried across a stream's pieces in ``RunningSums``).
 
 Frames: an utterance of ``n`` samples gives ``n // hop`` frames (16 s at 8 kHz -> 1600).
 Frame ``i`` covers samples ``[i * hop, i * hop + window)``; samples past the end count as
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import torch
 import torchaudio.functional as AF
@@ -34,8 +36,11 @@ HOP_SECONDS = 0.010  # 10 ms between feature frames, both presets
 LOG_FLOOR = 1e-6  # added before the log so silence gives a finite value
 LOUD_FRAMES = 11  # loud_frames: an utterance's loud level is its highest energy averaged over this many frames
 DB_PER_NEPER = 10 / math.log(10)  # dB of power per unit of its natural log
-FeatureNorm = Literal["bin", "shared", "global"]  # FeatureConfig.norm: how the features are scaled
-GLOBAL_MOMENTUM = 0.01  # norm "global": the running statistics' weight on each training batch once 100 are in
+FeatureNorm = Literal["bin", "shared", "global", "running"]  # FeatureConfig.norm: how the features are scaled
+CAUSAL_NORMS = ("global", "running")  # the norms that scale a frame without the frames after it: a stream's
+GLOBAL_MOMENTUM = 0.01  # norms "global", "running": the global statistics' weight on each training batch once 100 are in
+PRIOR_FRAMES = 100  # norm "running": the global statistics count as this many frames (1 s) of the utterance's own, so
+                    # its first frames are scaled as by "global" and its own statistics take over within seconds
 FeatureKind = Literal["auto", "mel", "linear"]  # FeatureConfig.kind
 
 
@@ -55,7 +60,10 @@ class FeatureConfig:
             frame, so a stream needs no future audio and no warm-up (running statistics of the stream so far would
             scale its first second by a few frames' statistics), and silence around speech no longer moves how
             the speech is scaled; a recording's gain is left to the model (data.augmentation.gain_prob). WeNet's
-            global CMVN is the same idea; streaming models (model.encoder.streaming) need it.
+            global CMVN is the same idea. Or "running": each frame by the mean and variance per bin of its
+            utterance's (stream's) frames up to and including it, the global statistics counting as PRIOR_FRAMES
+            of them (online CMVN): a recording's gain and channel are taken out as a stream goes, with no future
+            audio. Streaming models (model.encoder.streaming) need "global" or "running".
         var_floor: the least variance an utterance's features are divided by, so that silence and steady noise
             stay small instead of being scaled up to look like speech; 0 = none. 4 is under the 8.5-19 of speech
             and over the 0-0.9 of noise and silence (data/mini's dev set).
@@ -97,10 +105,10 @@ class FeatureConfig:
             raise ValueError(f"model.features.stats_db must be >= 0 dB (0 = every frame), got {self.stats_db}")
         if self.quiet_db < 0:
             raise ValueError(f"model.features.quiet_db must be >= 0 dB (0 = every frame), got {self.quiet_db}")
-        if self.norm == "global" and (self.stats_db or self.quiet_db):
+        if self.norm in CAUSAL_NORMS and (self.stats_db or self.quiet_db):
             raise ValueError("model.features.stats_db and quiet_db choose an utterance's frames for its statistics; "
-                             f"with model.features.norm global there are none: set them to 0 (got {self.stats_db:g}, "
-                             f"{self.quiet_db:g})")
+                             f"with model.features.norm {self.norm} they are not chosen: set them to 0 (got "
+                             f"{self.stats_db:g}, {self.quiet_db:g})")
 
     @property
     def mel(self) -> bool:
@@ -150,7 +158,8 @@ class FeatureExtractor(nn.Module):
 
     Always computed in fp32 with autocast off. Each utterance is normalised to zero mean
     and unit variance per feature bin over its own frames, or (norm "global") every frame by the
-    running statistics ``global_mean`` and ``global_var`` (F,), which training updates; padded frames are zero.
+    running statistics ``global_mean`` and ``global_var`` (F,), which training updates, or (norm "running") by
+    its utterance's statistics so far started from those (``running_normalise``); padded frames are zero.
     """
 
     def __init__(self, config: FeatureConfig):
@@ -162,7 +171,7 @@ class FeatureExtractor(nn.Module):
                 self.register_buffer("fbanks", config.mel_fbanks(), persistent=False)  # (bins, mels)
         else:
             self.fbanks = None
-        if config.norm == "global":  # persistent: learned with the weights
+        if config.norm in CAUSAL_NORMS:  # persistent: learned with the weights
             self.register_buffer("global_mean", torch.zeros(config.n_feats))
             self.register_buffer("global_var", torch.ones(config.n_feats))
             self.register_buffer("global_batches", torch.zeros((), dtype=torch.long))
@@ -170,14 +179,14 @@ class FeatureExtractor(nn.Module):
     def forward(self, audio: torch.Tensor, lengths: torch.Tensor, statistics: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``statistics`` (B, 2): samples [start, end) of each utterance whose frames alone give its normalisation
-        statistics (asr.inference.focus); None: all of them. Under norm "global" the statistics are the model's own
-        and ``statistics`` changes nothing."""
+        statistics (asr.inference.focus); None: all of them. Under norms "global" and "running" the statistics are
+        the model's own (and the utterance's so far) and ``statistics`` changes nothing."""
         cfg = self.config
         with torch.autocast(device_type=audio.device.type, enabled=False):
             feats = self.log_power(audio, lengths)
             frame_lengths = num_frames(lengths, cfg.sample_rate)
-            if cfg.norm == "global":
-                return self.global_normalise(feats, frame_lengths), frame_lengths
+            if cfg.norm in CAUSAL_NORMS:
+                return self.causal_normalise(feats, frame_lengths, self.start_sums(feats.shape[0]))[0], frame_lengths
             within = None if statistics is None else num_frames(statistics, cfg.sample_rate)
             feats = normalise(feats, frame_lengths, cfg.norm == "shared", cfg.var_floor, cfg.stats_db, cfg.quiet_db,
                               within)
@@ -207,14 +216,24 @@ class FeatureExtractor(nn.Module):
             # values, which the host would wait for the device to read (a sync every step on a GPU)
             return feats[:, : num_frames(width, cfg.sample_rate)]
 
-    def global_normalise(self, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B, T, F) log power, (B,) frames -> each frame scaled by the running statistics (norm "global"), which a
-        training forward first updates with the batch's frames; padding -> 0. The variance is floored at var_floor."""
+    def causal_normalise(self, feats: torch.Tensor, lengths: torch.Tensor, sums: "RunningSums"
+                         ) -> tuple[torch.Tensor, "RunningSums"]:
+        """(B, T, F) log power, (B,) frames, the statistics of each stream's earlier frames (``start_sums`` at its
+        start) -> each frame scaled without the frames after it (norm "global" or "running"), and the sums after
+        them; a training forward first updates the global statistics with the batch's frames. Padding -> 0."""
         mask = (torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]).unsqueeze(-1)
         if self.training:
             self.update_statistics(feats, mask)
-        mean, var = self.global_mean.float(), self.global_var.float()
-        return (feats - mean) / (var.clamp(min=self.config.var_floor) + 1e-5).sqrt() * mask
+        mean, var, floor = self.global_mean.float(), self.global_var.float(), self.config.var_floor
+        if self.config.norm == "global":
+            return (feats - mean) / (var.clamp(min=floor) + 1e-5).sqrt() * mask, sums
+        return running_normalise(feats - mean, mask, sums, var, floor)
+
+    def start_sums(self, batch: int, device: torch.device | str | None = None) -> "RunningSums":
+        """The RunningSums of ``batch`` streams before their first frame (on the front end's device by default)."""
+        device, n_feats = device or self.window.device, self.config.n_feats
+        return RunningSums(torch.zeros(batch, 1, 1, device=device), torch.zeros(batch, 1, n_feats, device=device),
+                           torch.zeros(batch, 1, n_feats, device=device))
 
     @torch.no_grad()
     def update_statistics(self, feats: torch.Tensor, mask: torch.Tensor) -> None:
@@ -229,19 +248,54 @@ class FeatureExtractor(nn.Module):
         self.global_var.lerp_(var.to(self.global_var.dtype), weight.to(self.global_var.dtype))
         self.global_batches += 1
 
-    def complete_frames(self, audio: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Norm "global" only, for a stream: (B, n) audio -> the normalised features (B, k, F) of the frames whose
-        whole window lies inside it, k = (n - window) // hop + 1 (0 if n < window), and the k * hop samples they
-        used up: the rest begins the next call's audio. The stream's last audio goes through ``forward``, which
-        pads it with zeros as it pads a whole file, so the frames of a stream are those of its whole audio."""
+    def stream_frames(self, audio: torch.Tensor, sums: "RunningSums", final: bool = False
+                      ) -> tuple[torch.Tensor, int, "RunningSums"]:
+        """Causal norms only, for a stream: (B, n) audio after frames whose statistics are ``sums`` -> the
+        normalised features (B, k, F) of the frames whose whole window lies inside it, k = (n - window) // hop + 1
+        (0 if n < window), the k * hop samples they used up (the rest begins the next call's audio), and the sums
+        after them. ``final``: the stream ends with this audio: all its frames, padded with zeros as a whole file
+        is, so the frames of a stream are those of its whole audio (to float rounding)."""
         cfg = self.config
-        if cfg.norm != "global":
+        if cfg.norm not in CAUSAL_NORMS:
             raise ValueError(f"model.features.norm {cfg.norm} scales each frame by statistics of the whole utterance; "
-                             "a stream needs model.features.norm global")
-        k = max(0, (audio.shape[1] - cfg.win_length) // cfg.hop_length + 1)
+                             f"a stream needs model.features.norm {' or '.join(CAUSAL_NORMS)}")
         lengths = torch.full((audio.shape[0],), audio.shape[1], device=audio.device)
-        feats = self.log_power(audio, lengths)[:, :k]
-        return self.global_normalise(feats, torch.full_like(lengths, k)), k * cfg.hop_length
+        with torch.autocast(device_type=audio.device.type, enabled=False):
+            if final:
+                k, used = num_frames(audio.shape[1], cfg.sample_rate), audio.shape[1]
+            else:
+                k = max(0, (audio.shape[1] - cfg.win_length) // cfg.hop_length + 1)
+                used = k * cfg.hop_length
+            feats = self.log_power(audio, lengths)[:, :k]
+            feats, sums = self.causal_normalise(feats, torch.full_like(lengths, k), sums)
+        return feats, used, sums
+
+
+class RunningSums(NamedTuple):
+    """Norm "running": each stream's statistics so far, carried from one piece of its audio to the next (the other
+    norms carry them unchanged). Sums over its frames of the log power less the global mean, so they stay small."""
+
+    count: torch.Tensor  # (B, 1, 1) frames
+    sum: torch.Tensor  # (B, 1, F)
+    squares: torch.Tensor  # (B, 1, F)
+
+
+def running_normalise(centred: torch.Tensor, mask: torch.Tensor, sums: RunningSums, prior_var: torch.Tensor,
+                      floor: float) -> tuple[torch.Tensor, RunningSums]:
+    """(B, T, F) log power less the global mean, (B, T, 1) frames inside the utterances, the sums of the frames
+    before -> each frame less the mean of its utterance's frames up to it, over their standard deviation per bin
+    (at least ``floor``'s), the global statistics (mean 0 here, ``prior_var``) counting as PRIOR_FRAMES frames; and
+    the sums after the last frame. Cumulative sums in fp32 of centred values: an hour's stream stays exact enough."""
+    centred = centred * mask
+    count = sums.count + mask.cumsum(1)  # (B, T, 1)
+    total = sums.sum + centred.cumsum(1)
+    squares = sums.squares + centred.square().cumsum(1)
+    mean = total / (count + PRIOR_FRAMES)
+    var = (squares + PRIOR_FRAMES * prior_var) / (count + PRIOR_FRAMES) - mean.square()
+    feats = (centred - mean) / (var.clamp(min=floor) + 1e-5).sqrt() * mask
+    if centred.shape[1] == 0:
+        return feats, sums
+    return feats, RunningSums(count[:, -1:], total[:, -1:], squares[:, -1:])
 
 
 def normalise(feats: torch.Tensor, lengths: torch.Tensor, shared: bool = False, floor: float = 0.0,

@@ -11,7 +11,8 @@ in encoder frames. What each part sees:
 - convolutions (``CausalConvModule``): each depthwise convolution sees its frame and the kernel - 1 before it.
 - subsampling (``CausalSubsampling``): f - 1 zero feature frames in front, so encoder frame j reads feature frames
   f j - f + 1 .. f j + f - 1: its own f and the f - 1 before them; a chunk needs no feature frame after it.
-- features: model.features.norm global (asr.models.features): each frame is scaled alone.
+- features: model.features.norm global or running (asr.models.features): each frame is scaled without the frames
+  after it; running's statistics so far are carried in the StreamState.
 So a stream's algorithmic latency is the chunk, C f x 10 ms, plus what a feature window reaches past its hop
 (15 ms for 25 ms windows, 10 ms for 20 ms ones): ``algorithmic_latency``.
 
@@ -42,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate, rotation
 from asr.models.config import EncoderConfig
+from asr.models.features import CAUSAL_NORMS, RunningSums
 from asr.models.encoder import BlockStack
 from asr.models.features import HOP_SECONDS
 from asr.models.subsampling import Conv2dSubsampling
@@ -263,19 +265,20 @@ class StreamState(NamedTuple):
     audio: torch.Tensor  # (B, s) samples not yet in a feature frame: less than a chunk's and a window's
     feats: torch.Tensor  # (B, m, F) feature frames waiting for a whole chunk
     encoder: EncoderState
+    norm: RunningSums  # the statistics of the frames so far (model.features.norm running)
 
 
 def streams(network: nn.Module) -> bool:
     """Whether ``network`` (CTCModel, or another objective's network) runs on a stream: a StreamingEncoder after a
-    front end that scales each frame alone (model.features.norm global)."""
-    return isinstance(network.encoder, StreamingEncoder) and network.features.config.norm == "global"
+    front end that scales each frame without the frames after it (model.features.norm global or running)."""
+    return isinstance(network.encoder, StreamingEncoder) and network.features.config.norm in CAUSAL_NORMS
 
 
 def start(network: nn.Module, batch: int = 1, device: torch.device | str = "cpu") -> StreamState:
     """The state of ``batch`` streams before their first audio."""
     n_feats = network.encoder.subsampling.n_feats
     return StreamState(torch.zeros(batch, 0, device=device), torch.zeros(batch, 0, n_feats, device=device),
-                       network.encoder.initial_state(batch, device))
+                       network.encoder.initial_state(batch, device), network.features.start_sums(batch, device))
 
 
 def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: int, final: bool = False
@@ -293,7 +296,7 @@ def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: 
         outputs.append(network_frames(network, states))
         feats = feats[:, take:]
     frames = torch.cat(outputs, dim=1) if outputs else None
-    return frames, StreamState(state.audio, feats[:, : 0 if final else feats.shape[1]], caches)
+    return frames, state._replace(feats=feats[:, : 0 if final else feats.shape[1]], encoder=caches)
 
 
 def featurize(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: int, final: bool = False
@@ -304,15 +307,10 @@ def featurize(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk
     if chunk < 1:
         raise ValueError(f"a stream runs in chunks of at least 1 encoder frame, got {chunk}")
     audio = torch.cat([state.audio, audio.to(state.audio)], dim=1)
-    if not final and samples_wanted(network, StreamState(audio, state.feats, state.encoder), chunk):
-        return StreamState(audio, state.feats, state.encoder)
-    if final:
-        feats, _ = network.features(audio, torch.full((audio.shape[0],), audio.shape[1], device=audio.device))
-        audio = audio[:, audio.shape[1]:]
-    else:
-        feats, used = network.features.complete_frames(audio)
-        audio = audio[:, used:]
-    return StreamState(audio, torch.cat([state.feats, feats], dim=1), state.encoder)
+    if not final and samples_wanted(network, state._replace(audio=audio), chunk):
+        return state._replace(audio=audio)
+    feats, used, sums = network.features.stream_frames(audio, state.norm, final)
+    return state._replace(audio=audio[:, used:], feats=torch.cat([state.feats, feats], dim=1), norm=sums)
 
 
 def samples_wanted(network: nn.Module, state: StreamState, chunk: int) -> int:

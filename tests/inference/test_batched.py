@@ -10,7 +10,7 @@ from asr.inference.acoustic import CheckpointModel
 from asr.inference.batched import advance_streams, feed_together
 from asr.inference.transcriber import Transcriber
 from asr.models import streaming
-from tests.streams import RATE, ToneStream, batch_sizes, speech_and_pauses
+from tests.streams import RATE, ToneStream, batch_sizes, speech_and_pauses, streaming_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/inference/conftest.py
 
@@ -60,10 +60,12 @@ def test_streams_started_at_different_times_get_exactly_the_updates_they_get_alo
 
 
 @torch.inference_mode()
-def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(streaming_transcriber):
+@pytest.mark.parametrize("norm", ["global", "running"])
+def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(char_tokenizer, norm):
     """At the network level: streams at different positions, one fallen behind by several chunks, one ending with
-    a shorter last chunk, stepped together, get advance's frames and states, to float rounding."""
-    network = streaming_transcriber.model.module.model
+    a shorter last chunk, stepped together, get advance's frames and states, to float rounding (with norm running,
+    each its own statistics)."""
+    network = streaming_module(char_tokenizer, norm=norm).model
     audio = [speech_and_pauses(seed)[None] for seed in range(3)]
     states = [streaming.advance(network, a[:, :n], streaming.start(network), 2)[1]
               for a, n in zip(audio, (16000, 4000, 0))]
@@ -78,6 +80,7 @@ def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(str
         assert torch.equal(state.encoder.position, want_state.encoder.position)
         torch.testing.assert_close(state.encoder.keys, want_state.encoder.keys, atol=1e-5, rtol=1e-5)
         assert torch.equal(state.audio, want_state.audio) and torch.equal(state.feats, want_state.feats)
+        assert all(torch.equal(got, want) for got, want in zip(state.norm, want_state.norm))
 
 
 def test_a_streaming_transducers_streams_stepped_together_decode_as_alone(char_tokenizer, monkeypatch):

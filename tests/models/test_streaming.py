@@ -14,13 +14,17 @@ from asr.models.features import FeatureConfig, FeatureExtractor
 from tests.conftest import encoder, save_checkpoint
 
 
-def streaming_model(subsampling: int = 4, chunk: int = 3, left: int = 5, seed: int = 0, **overrides) -> CTCModel:
-    """A tiny streaming Conformer-CTC (d_model 32, 2 blocks, kernel 5) with global normalisation, in eval mode."""
+def streaming_model(subsampling: int = 4, chunk: int = 3, left: int = 5, seed: int = 0, norm: str = "global",
+                    **overrides) -> CTCModel:
+    """A tiny streaming Conformer-CTC (d_model 32, 2 blocks, kernel 5) with ``norm`` normalisation, in eval mode."""
     torch.manual_seed(seed)
     settings = {"ff_mult": 2, "dropout": 0.0, "subsampling": subsampling, "block": "conformer", "conv_kernel": 5,
                 "streaming": True, "chunk_frames": chunk, "left_context": left}
     cfg = encoder(**settings | overrides)
-    return CTCModel(FeatureConfig(16000, norm="global", var_floor=0.0, quiet_db=0.0), cfg, 12).eval()
+    model = CTCModel(FeatureConfig(16000, norm=norm, var_floor=0.0, quiet_db=0.0), cfg, 12).eval()
+    model.features.global_mean.fill_(-4.0)  # statistics as if trained, so that a stream's own ones differ from them
+    model.features.global_var.fill_(3.0)
+    return model
 
 
 def noise(seconds: float, seed: int = 0) -> torch.Tensor:
@@ -39,12 +43,14 @@ def streamed(model: CTCModel, audio: torch.Tensor, chunk: int, seed: int = 1, mo
     return torch.cat([*outputs, *([] if frames is None else [frames])], dim=1), state
 
 
-@pytest.mark.parametrize("subsampling, chunk", [(4, 1), (4, 3), (8, 2)])
+@pytest.mark.parametrize("subsampling, chunk, norm", [(4, 1, "global"), (4, 3, "global"), (8, 2, "global"),
+                                                    (4, 1, "running"), (8, 2, "running")])
 @torch.inference_mode()
-def test_a_stream_in_pieces_gives_the_frames_of_the_whole_file(subsampling, chunk):
-    model = streaming_model(subsampling)
+def test_a_stream_in_pieces_gives_the_frames_of_the_whole_file(subsampling, chunk, norm):
+    model = streaming_model(subsampling, norm=norm)
     model.encoder.chunk = chunk
     audio = noise(2.1)
+    audio[:, 16000:] *= 5  # louder after 1 s: the running statistics move while the stream goes
     whole, lengths = model(audio, torch.tensor([audio.shape[1]]))
     frames, _ = streamed(model, audio, chunk)
     assert frames.shape == whole.shape and int(lengths) == audio.shape[1] // 160 // subsampling
@@ -186,11 +192,39 @@ def test_global_normalisation_learns_in_training_and_holds_outside_it():
     torch.testing.assert_close(alone[0], feats[1, :50])  # each frame alone: no statistics of its utterance
 
 
-def test_global_normalisation_refuses_per_utterance_settings():
-    with pytest.raises(ValueError, match="quiet_db"):
-        FeatureConfig(norm="global", quiet_db=6.0)
-    with pytest.raises(ValueError, match="norm global"):
-        FeatureExtractor(FeatureConfig(norm="bin")).complete_frames(noise(1.0))
+def test_causal_normalisations_refuse_per_utterance_settings():
+    for norm in ("global", "running"):
+        with pytest.raises(ValueError, match="quiet_db"):
+            FeatureConfig(norm=norm, quiet_db=6.0)
+    extractor = FeatureExtractor(FeatureConfig(norm="bin"))
+    with pytest.raises(ValueError, match="norm global or running"):
+        extractor.stream_frames(noise(1.0), extractor.start_sums(1))
+
+
+@torch.inference_mode()
+def test_running_normalisation_sees_no_later_frame_and_takes_out_a_recordings_gain():
+    """Norm "running" (online CMVN): a frame's features do not change with the audio after it; a recording 20 dB
+    louder gives nearly the features of the quiet one once its own statistics outweigh the global ones, where the
+    global statistics leave the whole offset in; each utterance of a padded batch is scaled by its own frames."""
+    running, fixed = (FeatureExtractor(FeatureConfig(16000, norm=n, var_floor=0.0, quiet_db=0.0)).eval()
+                      for n in ("running", "global"))
+    audio = noise(10.0)
+    lengths = torch.tensor([audio.shape[1]])
+    base = running(audio, lengths)[0]
+    changed = audio.clone()
+    changed[:, 5 * 16000:] *= 10
+    assert torch.equal(running(changed, lengths)[0][:, : 5 * 100 - 2], base[:, : 5 * 100 - 2])  # 25 ms windows
+    loud = 10 * audio
+    for extractor in (running, fixed):
+        extractor.global_mean.fill_(-4.0)
+    offset = {name: (extractor(loud, lengths)[0] - extractor(audio, lengths)[0])[0, -100:].abs().mean()
+              for name, extractor in (("running", running), ("global", fixed))}
+    assert offset["global"] > 2.0 and offset["running"] < 0.15 * offset["global"], offset
+    batch = torch.cat([noise(3.0, seed=1), torch.cat([5 * noise(1.5, seed=2), torch.zeros(1, 24000)], 1)])
+    feats, frames = running(batch, torch.tensor([48000, 24000]))
+    alone, _ = running(batch[1:, :24000], torch.tensor([24000]))
+    torch.testing.assert_close(feats[1, : int(frames[1])], alone[0])
+    assert not feats[1, int(frames[1]):].any()
 
 
 def test_a_streaming_checkpoint_keeps_its_settings_and_statistics(tmp_path, char_tokenizer):

@@ -9,6 +9,7 @@ per encoder frame. An utterance's audio is read through asr.data.sources, which 
 from __future__ import annotations
 
 import functools
+import io
 import math
 from pathlib import Path
 
@@ -34,14 +35,15 @@ def frame_samples(frame_seconds: float, sample_rate: int) -> int:
 class AudioFile:
     """An audio file open for reading in pieces (a context manager): ``read`` gives mono float32 at the file's own
     ``rate``, so a long file is never read whole. A file that cannot be opened, or corrupt or truncated data met by
-    a read, raises AudioError ``PATH: cannot read audio (REASON)``."""
+    a read, raises AudioError ``PATH: cannot read audio (REASON)``. ``data``: the file's bytes already in memory
+    (a shard's recording, asr.data.shards), ``path`` then only names it."""
 
     ERRORS = (soundfile.LibsndfileError, RuntimeError, OSError)  # what soundfile raises for a bad file
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, data: bytes | None = None):
         self.path = str(path)
         try:
-            self.file = soundfile.SoundFile(self.path)
+            self.file = soundfile.SoundFile(self.path if data is None else io.BytesIO(data))
         except self.ERRORS as err:
             raise AudioError(f"{self.path}: cannot read audio ({err})") from err
         self.rate = self.file.samplerate

@@ -26,7 +26,6 @@ streams. Resume is therefore statistical, not exact: each pass still reads every
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import math
@@ -42,11 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import soundfile
 import torch
 from torch.utils.data import IterableDataset
 
-from asr.audio import AudioError, check_finite, read_mono, resample
+from asr.audio import AudioError, AudioFile, check_finite, resample
 from asr.data import manifest as mf
 from asr.data import remote
 from asr.data.augment import Augmentation, Augmenter
@@ -291,11 +289,12 @@ def read_shard(shard: dict, tries: int = SHARD_TRIES):
                                      f"{failure}"})
 
 
-def decode(cut) -> tuple[torch.Tensor, int]:
-    """A Shar cut's audio (FLAC bytes in memory): (n,) float32 mono, and its rate."""
-    with soundfile.SoundFile(io.BytesIO(cut.recording.sources[0].source)) as f:
-        wave, rate = torch.from_numpy(read_mono(f, 0, -1)), f.samplerate  # mixed to mono as asr.audio reads files
-    check_finite(wave, "audio")
+def decode(cut, name: str) -> tuple[torch.Tensor, int]:
+    """A Shar cut's audio (FLAC bytes in memory), read as every file is (asr.audio.AudioFile): (n,) float32 mono,
+    and its rate. AudioError naming it by ``name`` (its manifest line) if it cannot be decoded or is not finite."""
+    with AudioFile(name, cut.recording.sources[0].source) as f:
+        wave, rate = torch.from_numpy(f.read(0)), f.rate
+    check_finite(wave, name)
     return wave, rate
 
 
@@ -356,9 +355,9 @@ class CutBatcher:
         for cut in cuts:
             told = cut.custom
             try:
-                wave, rate = decode(cut)
-            except (AudioError, soundfile.LibsndfileError, RuntimeError) as err:
-                dropped.append(f"{told['source']}: {err}")
+                wave, rate = decode(cut, told["source"])
+            except AudioError as err:
+                dropped.append(str(err))
                 continue
             wave = resample(wave, rate, self.sample_rate)
             self.recent.append((wave, told["ids"], told["text"]))

@@ -13,14 +13,18 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import soundfile
 import torch
 from torch.utils.data import DataLoader
 
+from asr.audio import AudioError
 from asr.data.augment import Augmentation
 from asr.data.shard_run import check_partition, shards_tokenizer
-from asr.data.shards import INDEX, CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream, equal_duration_bins
+from asr.data.shards import (INDEX, CutBatcher, EndlessShards, ShardIndex, ShardsError, ShardStream, decode,
+                             equal_duration_bins)
 from asr.tools.sharding import ShardError, shard
 from tests import MINI, REPO
 from tests.servers import s3_server, web_server
@@ -356,3 +360,17 @@ def test_an_index_that_does_not_add_up_or_a_tokenizer_that_is_not_one_is_refused
     (broken / "tokenizer.model").write_bytes(b"\x08\x01 not a sentencepiece model")
     with pytest.raises(ShardsError, match=f"data.train_shards: {broken}/tokenizer.model is not a tokenizer of asr"):
         ShardIndex.read(str(broken), "x").tokenizer()
+
+
+def test_a_recording_that_does_not_decode_is_named_by_its_line_as_a_file_would_be(tmp_path):
+    """A shard's recording is read as every audio file is (asr.audio.AudioFile): its bytes decoded in memory, the
+    error in the files' wording, naming the utterance's manifest line; a good one gives its samples and rate."""
+    def cut(data: bytes):
+        return SimpleNamespace(recording=SimpleNamespace(sources=[SimpleNamespace(source=data)]))
+
+    with pytest.raises(AudioError, match=r"^train.jsonl:7: cannot read audio \("):
+        decode(cut(b"not audio at all"), "train.jsonl:7")
+    flac = io.BytesIO()
+    soundfile.write(flac, [[0.25, -0.25]] * 800, 8000, format="FLAC")  # stereo: mixed to mono as files are
+    wave, rate = decode(cut(flac.getvalue()), "train.jsonl:8")
+    assert rate == 8000 and wave.shape == (800,) and float(wave.abs().max()) < 1e-6

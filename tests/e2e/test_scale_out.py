@@ -21,7 +21,7 @@ from asr.checkpoint import merge
 from asr.inference.transcriber import Transcriber
 from asr.tokenizer import Tokenizer
 from asr.tools.converting import convert
-from asr.train.fitting import ConfigError, build, check_hardware
+from asr.train.fitting import ConfigError, build, check_hardware, main
 from asr.train.fsdp import ShardedStrategy
 from tests import MINI, REPO
 from tests.cli import NO_AUGMENTATION
@@ -192,8 +192,10 @@ def test_the_fsdp_preset_writes_folders_that_transcribe_average_resume_and_conve
     assert load(resumed / "checkpoints" / "last.ckpt")["epoch"] == 1
     merged = convert(folder, tmp_path / "merged.ckpt")
     assert torch.load(merged, weights_only=True)["optimizer_states"][0]["state"]  # AdamW moments came along
-    one = fit(tmp_path / "one", corpus, *small, "--trainer.max_epochs", "2", "--ckpt_path", str(merged))
-    assert torch.load(one / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
+    one = main(["--trainer.logger.init_args.save_dir", str(tmp_path / "one"), "--test", "false",  # one process: this one
+                "--data.train_manifest", str(corpus), "--data.val_manifest", str(corpus), *small,
+                "--trainer.max_epochs", "2", "--ckpt_path", str(merged)])
+    assert torch.load(Path(one.trainer.log_dir) / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
 @pytest.mark.parametrize("config, strategy_type", [("ddp", DDPStrategy), ("fsdp", ShardedStrategy)])

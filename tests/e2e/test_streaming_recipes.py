@@ -19,6 +19,7 @@ def test_the_streaming_recipes_build_the_demo_model_streaming(extra, rate, windo
     cli = build([*STACK, *extra, *MINI, "--trainer.precision", "32-true"])
     network, hp = cli.model.model, cli.model.hparams
     assert streaming.streams(network) and network.sample_rate == rate == cli.datamodule.hparams.sample_rate
+    assert network.features.config.norm == "running"  # the stream's own statistics so far (online CMVN)
     assert hp.encoder["d_model"] == 96 and hp.encoder["subsampling"] == 8 and hp.inter_ctc == 0.3  # the default run's
     assert network.encoder.chunk * network.frame_seconds == pytest.approx(0.32)
     assert streaming.algorithmic_latency(network.encoder, 4, network.features.config.win_seconds) == \

@@ -57,8 +57,7 @@ class FeatureConfig:
             over all bins ("shared": a band with no signal, as in 8 kHz audio at 16 kHz, stays flat); or "global":
             every frame is scaled by one mean and variance per bin, running averages over the training batches
             (GLOBAL_MOMENTUM) kept with the weights and fixed outside training. A frame then needs no other
-            frame, so a stream needs no future audio and no warm-up (running statistics of the stream so far would
-            scale its first second by a few frames' statistics), and silence around speech no longer moves how
+            frame, so a stream needs no future audio and no warm-up, and silence around speech no longer moves how
             the speech is scaled; a recording's gain is left to the model (data.augmentation.gain_prob). WeNet's
             global CMVN is the same idea. Or "running": each frame by the mean and variance per bin of its
             utterance's (stream's) frames up to and including it, the global statistics counting as PRIOR_FRAMES

@@ -43,9 +43,8 @@ from torch.utils.checkpoint import checkpoint
 
 from asr.models.blocks import ConformerBlock, ConvModule, dropout, rotate, rotation
 from asr.models.config import EncoderConfig
-from asr.models.features import CAUSAL_NORMS, RunningSums
 from asr.models.encoder import BlockStack
-from asr.models.features import HOP_SECONDS
+from asr.models.features import CAUSAL_NORMS, HOP_SECONDS, RunningSums
 from asr.models.subsampling import Conv2dSubsampling
 
 

@@ -5,8 +5,8 @@ A file longer than ``chunk_seconds`` is never read whole. It is cut into chunks 
 own (asr.data.sources.UtteranceAudio: the file opened once, read chunk by chunk), run
 through the model (several chunks per batch), and only its central encoder frames are kept:
 neighbouring chunks meet at the middle of their overlap, so every kept frame saw at least
-``overlap_seconds / 2`` of audio on each side (file edges aside). Chunk starts are whole encoder frames, so a chunk's frame ``j`` is the
-file's frame ``start + j`` and the stitched sequence has exactly the frames one pass over
+``overlap_seconds / 2`` of audio on each side (file edges aside). Chunk starts are whole
+encoder frames, so a chunk's frame ``j`` is the file's frame ``start + j`` and the stitched sequence has exactly the frames one pass over
 the whole file would give. The last chunk is pulled back to end at the file's end, so it
 is a full chunk too.
 

@@ -6,9 +6,9 @@ own (asr.data.sources.UtteranceAudio: the file opened once, read chunk by chunk)
 through the model (several chunks per batch), and only its central encoder frames are kept:
 neighbouring chunks meet at the middle of their overlap, so every kept frame saw at least
 ``overlap_seconds / 2`` of audio on each side (file edges aside). Chunk starts are whole
-encoder frames, so a chunk's frame ``j`` is the file's frame ``start + j`` and the stitched sequence has exactly the frames one pass over
-the whole file would give. The last chunk is pulled back to end at the file's end, so it
-is a full chunk too.
+encoder frames, so a chunk's frame ``j`` is the file's frame ``start + j`` and the stitched
+sequence has exactly the frames one pass over the whole file would give. The last chunk is
+pulled back to end at the file's end, so it is a full chunk too.
 
 What differs from one pass over the whole file, and why it is small:
 - features are normalised per utterance (asr/models/features.py): here per chunk, i.e. over 30 s of

@@ -216,14 +216,30 @@ _IMPORTED = time.monotonic()
 
 
 class StopAtStep(pl.Callback):
-    """Stop training after optimizer step ``step`` (a probe's round); the epoch's end writes last.ckpt as ever."""
+    """Stop training after optimizer step ``step`` (a probe's round); the epoch's end writes last.ckpt as ever.
+    Lightning validates where a run is stopped: ``validated_at`` is the step of the last validation, so the round's
+    loss is read from it instead of validating a second time."""
 
     def __init__(self, step: int):
-        self.step = step
+        self.step, self.validated_at = step, -1
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+    def on_validation_end(self, trainer: pl.Trainer, *args) -> None:
+        if not trainer.sanity_checking:
+            self.validated_at = trainer.global_step
+
+
+def calibrate(probe: Probe) -> None:
+    """After a round: the candidate's seconds a step as its runs took them (data, the loop and its validation
+    included), which its next rounds and, as the winner, its schedule's steps are sized with. The timed model step
+    it was planned with leaves those out: on the 2-core EPYC the default run's candidates took 0.29-0.33 s a step
+    against 0.10-0.18 timed, so a winner sized by the timed step kept its peak learning rate to the end
+    (docs/benchmarks.md, 2026-11-28 night)."""
+    if probe.steps and probe.steps[-1] > 0 and probe.seconds[-1] > 0:
+        probe.candidate = replace(probe.candidate, step_s=probe.seconds[-1] / probe.steps[-1])
 
 
 def train_seconds(trainer: pl.Trainer) -> float:
@@ -286,13 +302,17 @@ class Search:
         """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` and record its validation loss;
         None: the winner's run, to the end of its schedule or of the time left."""
         began = time.monotonic()
-        cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks=[StopAtStep(steps)] if steps else [])
-        if steps is not None:
-            (metrics,) = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+        stop = StopAtStep(steps) if steps else None
+        cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks=[stop] if stop else [])
+        if stop:
+            metrics = cli.trainer.callback_metrics
+            if stop.validated_at != cli.trainer.global_step or "val/loss" not in metrics:  # not validated at the stop
+                (metrics,) = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
             probe.steps.append(cli.trainer.global_step)
             probe.seconds.append(train_seconds(cli.trainer))
             probe.losses.append(float(metrics["val/loss"]))
             probe.checkpoint = str(Path(cli.trainer.log_dir) / "checkpoints" / "last.ckpt")
+            calibrate(probe)
         probe.wall += time.monotonic() - began
         self.final = cli
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 
 from asr.settings import ConfigError
 from asr.train import budget, precision
@@ -41,6 +42,18 @@ def test_the_probe_takes_its_share_and_the_winner_gets_the_rest():
     assert plan.probe_seconds == pytest.approx(budget.PROBE_SHARE * 1000)
     assert plan.t0 == pytest.approx(plan.probe_seconds / 13)
     assert plan.winner_seconds == pytest.approx(1000 - plan.probe_seconds + 4 * plan.t0)
+
+
+def test_a_probe_round_sizes_the_candidates_next_steps_by_the_seconds_its_runs_took():
+    """Planned at its timed model step (0.1 s), a candidate whose round took 0.3 s a step (data, loop, validation)
+    is sized by 0.3 s afterwards: its next round's steps and, as the winner, its schedule's."""
+    probe = budget.Probe(candidates(0.1)[0], steps=[62], seconds=[18.6], losses=[4.0])
+    budget.calibrate(probe)
+    assert probe.candidate.step_s == pytest.approx(0.3) and probe.candidate.d_model == 64
+    assert round(12.0 / probe.candidate.step_s) == 40  # a round of 12 s: 40 steps, not 120
+    untrained = budget.Probe(candidates(0.1)[0])
+    budget.calibrate(untrained)  # no round yet: the timed step stands
+    assert untrained.candidate.step_s == 0.1
 
 
 def test_a_budget_too_small_for_the_slowest_candidate_names_the_training_time_that_would_do():
@@ -102,14 +115,17 @@ def budgeted(tmp_path_factory):
         patch.setattr(budget, "MIN_PROBE_STEPS", 3)
         patch.setattr(budget, "process_seconds", lambda: 0.0)  # the test's own process has run for minutes
         patch.setattr(precision, "measured_steps", lambda *a: {"32-true": 1.0, "bf16-mixed": math.inf})  # any CPU
+        validations, validate = [], pl.Trainer.validate
+        patch.setattr(pl.Trainer, "validate", lambda *a, **k: validations.append(1) or validate(*a, **k))
         from asr.train.fitting import main
 
         record = main(["--budget", "00:01:00", *args])
-    return tmp, args, record
+    return tmp, args, record, len(validations)
 
 
 def test_a_budgeted_run_probes_chooses_continues_and_tests(budgeted):
-    tmp, _, record = budgeted
+    tmp, _, record, validations = budgeted
+    assert validations == 0  # each round's loss is the validation Lightning runs where the round stops, not a second
     folder = Path(record["run_folder"])
     assert folder.parent == tmp / "runs" / "default"  # the winner's run is the run folder's next version
     assert json.loads((folder / "plan.json").read_text())["chosen"] == record["chosen"]
@@ -125,7 +141,7 @@ def test_a_budgeted_run_probes_chooses_continues_and_tests(budgeted):
 
 
 def test_a_budgeted_run_resumes_the_chosen_run_not_the_search(budgeted, capsys):
-    tmp, args, record = budgeted
+    tmp, args, record, _ = budgeted
     from asr.train.fitting import main
 
     main(["--budget", "00:01:00", *args, "--ckpt_path", "last"])

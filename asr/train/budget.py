@@ -232,6 +232,13 @@ class StopAtStep(pl.Callback):
             self.validated_at = trainer.global_step
 
 
+def round_end(probe: Probe, t0: float, k: int) -> int:
+    """The step round ``k`` of the probe stops ``probe`` at: its steps so far and the round's own seconds (t0 in the
+    first, then t0 2^(k-1): the rounds double what each survivor has trained) at its seconds a step."""
+    done = probe.steps[-1] if probe.steps else 0
+    return done + max(1, round(t0 * (2 ** k - (2 ** (k - 1) if k else 0)) / probe.candidate.step_s))
+
+
 def calibrate(probe: Probe) -> None:
     """After a round: the candidate's seconds a step as its runs took them (data, the loop and its validation
     included), which its next rounds and, as the winner, its schedule's steps are sized with. The timed model step
@@ -326,7 +333,7 @@ class Search:
         for k, keep in enumerate(halving(len(candidates))):
             alive = survivors(alive, keep) if k else alive
             for probe in alive:
-                self.run(probe, plan, max(1, round(plan.t0 * 2 ** k / probe.candidate.step_s)))
+                self.run(probe, plan, round_end(probe, plan.t0, k))
         winner, predicted = choose(alive, plan.winner_seconds - plan.t0 * 2 ** (len(halving(len(candidates))) - 1))
         record = self.record(candidates, plan, probes, winner, predicted)
         record["continue"] = self.arguments(winner, plan, final=True)[len(self.args):]  # what a resume runs again

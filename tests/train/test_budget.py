@@ -50,10 +50,11 @@ def test_a_probe_round_sizes_the_candidates_next_steps_by_the_seconds_its_runs_t
     probe = budget.Probe(candidates(0.1)[0], steps=[62], seconds=[18.6], losses=[4.0])
     budget.calibrate(probe)
     assert probe.candidate.step_s == pytest.approx(0.3) and probe.candidate.d_model == 64
-    assert round(12.0 / probe.candidate.step_s) == 40  # a round of 12 s: 40 steps, not 120
+    assert budget.round_end(probe, 6.0, 1) == 62 + 20  # the second round adds its 6 s: 20 steps at 0.3 s, not 60
+    assert budget.round_end(probe, 6.0, 2) == 62 + 40  # the third its 12 s
     untrained = budget.Probe(candidates(0.1)[0])
     budget.calibrate(untrained)  # no round yet: the timed step stands
-    assert untrained.candidate.step_s == 0.1
+    assert untrained.candidate.step_s == 0.1 and budget.round_end(untrained, 6.0, 0) == 60
 
 
 def test_a_budget_too_small_for_the_slowest_candidate_names_the_training_time_that_would_do():

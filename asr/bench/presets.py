@@ -28,11 +28,10 @@ from asr.models.config import EncoderConfig
 from asr.models.ctc import CTCModel
 from asr.models.features import HOP_SECONDS, FeatureConfig
 from asr.train import fitting
-from asr.train.cost import TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
+from asr.train.cost import ASSUMED_MFU, TRAIN_FLOPS_PER_FORWARD, gpu_peak_flops
 
 HOURS = 1000.0  # of audio in the epoch the GPU-hours are given for
 
-ASSUMED_MFU = 0.4  # a preset's share of the GPU's dense bf16 peak where none is measured: large Transformers' usual
 # MFU of each GPU preset's bf16-mixed training step on an NVIDIA H200 (SXM, 989.5 TFLOP/s dense bf16; torch 2.11):
 # python -m asr.bench.gpu at 1000 audio-seconds a step (gpu-1000h.yaml's batch), xl and conformer-xl at 200 s only,
 # lower than they reach at 1000 s. Random data and no Lightning loop: an upper bound on a run's (docs/benchmarks.md,

@@ -16,8 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from asr.bench.presets import ASSUMED_MFU
-from asr.train.cost import compute_dtype, gpu_peak_flops, project
+from asr.train.cost import ASSUMED_MFU, compute_dtype, gpu_peak_flops, project
 
 CONVERGED_WITHIN = 0.01  # converged = validation loss within 1% of the run's minimum (the paper's definition)
 PLATEAU_GAIN = 0.10  # a larger size that saves less than 10% of the steps is on the plateau

@@ -155,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="a name as torch.cuda.get_device_name gives it")
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the run")
     p.add_argument("--mfu", type=float, help="share of the GPU's bf16 peak for every preset (default: each preset's "
-                   "measured on an H200, asr.bench.presets.MEASURED_MFU; else the assumed ASSUMED_MFU)")
+                   "measured on an H200, asr.bench.presets.MEASURED_MFU; else asr.train.cost.ASSUMED_MFU)")
     p.add_argument("--presets", nargs="+", default=list(GPU_PRESETS))
     return p
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # annotations only: asr.data asks asr.hardware, which asks th
 
 PEAK_CACHE = CACHE_DIR / "peak_flops.json"  # measured CPU peaks, reused across runs
 TRAIN_FLOPS_PER_FORWARD = 3  # forward + backward, which costs twice the forward (grads of inputs and weights)
+ASSUMED_MFU = 0.4  # a model's share of a GPU's dense bf16 peak where none is measured: large Transformers' usual
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU: (fp32, tf32, bf16, fp16). Datasheets quote tensor
 # figures "with sparsity"; those are halved here. bf16/fp16 are the rates with fp32 accumulation,

@@ -249,6 +249,19 @@ def calibrate(probe: Probe) -> None:
         probe.candidate = replace(probe.candidate, step_s=probe.seconds[-1] / probe.steps[-1])
 
 
+def scale_untried(probes: list[Probe], tried: Probe, timed_s: float) -> None:
+    """After the probe's first run: every candidate not yet run is sized by its timed model step plus what the
+    loop added to ``tried``'s a step (data, optimizer, validation: its seconds a step less its timed ``timed_s``),
+    so that the first round gives each candidate its t0 seconds and its schedule the steps it will make. Sized by
+    the timed step alone, the first round of the 5-minute budget on the 2-core EPYC took 12-18 s a candidate for a
+    t0 of 6.3 s (0.27-0.38 s a step against 0.10-0.18 timed: the loop adds about the same seconds to each width),
+    and the warm-up and cosine of the others were sized for 2-3x the steps they made (docs/benchmarks.md)."""
+    extra = max(0.0, tried.candidate.step_s - timed_s)
+    for probe in probes:
+        if not probe.steps:
+            probe.candidate = replace(probe.candidate, step_s=probe.candidate.step_s + extra)
+
+
 def train_seconds(trainer: pl.Trainer) -> float:
     """Seconds of training so far by trainer.max_time's Timer (resumed runs included)."""
     timer = next(c for c in trainer.callbacks if isinstance(c, pl.callbacks.Timer))
@@ -333,7 +346,10 @@ class Search:
         for k, keep in enumerate(halving(len(candidates))):
             alive = survivors(alive, keep) if k else alive
             for probe in alive:
+                timed = probe.candidate.step_s
                 self.run(probe, plan, round_end(probe, plan.t0, k))
+                if probe is probes[0] and k == 0:
+                    scale_untried(probes, probe, timed)
         winner, predicted = choose(alive, plan.winner_seconds - plan.t0 * 2 ** (len(halving(len(candidates))) - 1))
         record = self.record(candidates, plan, probes, winner, predicted)
         record["continue"] = self.arguments(winner, plan, final=True)[len(self.args):]  # what a resume runs again
@@ -352,8 +368,8 @@ class Search:
             "budget_seconds": self.budget, "probe_share": PROBE_SHARE, "widths": WIDTHS, "lr_factors": LR_FACTORS,
             "t0_seconds": plan.t0, "probe_seconds": plan.probe_seconds, "winner_seconds": plan.winner_seconds,
             "candidates": [{**asdict(p.candidate), "name": p.candidate.name, "steps": p.steps, "seconds": p.seconds,
-                            "val_losses": p.losses, "wall_seconds": p.wall,
-                            "predicted_loss": predicted.get(p.candidate.name)} for p in probes],
+                            "val_losses": p.losses, "wall_seconds": p.wall, "timed_step_s": timed.step_s,
+                            "predicted_loss": predicted.get(p.candidate.name)} for p, timed in zip(probes, candidates)],
             "chosen": winner.candidate.name,
             "why": (f"lowest validation loss extrapolated to {plan.winner_seconds:.0f} s of training "
                     f"(loss = b t^-c fitted to each survivor's probe)"),

@@ -57,6 +57,21 @@ def test_a_probe_round_sizes_the_candidates_next_steps_by_the_seconds_its_runs_t
     assert untrained.candidate.step_s == 0.1 and budget.round_end(untrained, 6.0, 0) == 60
 
 
+def test_the_first_run_sizes_the_candidates_not_yet_run_by_what_the_loop_adds_to_a_step():
+    """The first candidate's round took 0.27 s a step against its timed 0.10: each candidate not yet run is sized
+    by its own timed step plus those 0.17 s (its first round's steps and its schedule); one already run keeps its
+    own measured step."""
+    first, *rest = [budget.Probe(c) for c in candidates(0.1, 0.15, 0.2)]
+    rest[1].steps, rest[1].seconds = [10], [4.0]
+    budget.calibrate(rest[1])  # as if already run: 0.4 s a step
+    first.steps, first.seconds, first.losses = [60], [16.2], [4.0]
+    budget.calibrate(first)
+    budget.scale_untried([first, *rest], first, 0.1)
+    assert first.candidate.step_s == pytest.approx(0.27)
+    assert rest[0].candidate.step_s == pytest.approx(0.15 + 0.17) and rest[1].candidate.step_s == pytest.approx(0.4)
+    assert budget.round_end(rest[0], 6.4, 0) == 20  # t0 of 6.4 s at 0.32 s a step, not 43 at the timed 0.15
+
+
 def test_a_budget_too_small_for_the_slowest_candidate_names_the_training_time_that_would_do():
     with pytest.raises(budget.BudgetTooSmall) as refused:
         budget.schedule(10.0, candidates(0.1, 1.0))

@@ -62,9 +62,9 @@ def batch_sizes(network, monkeypatch) -> list[int]:
     """The batch of every StreamingEncoder.step of ``network`` from now on."""
     sizes, step = [], network.encoder.step
 
-    def counted(feats, state):
+    def counted(feats, state, ahead=0):
         sizes.append(feats.shape[0])
-        return step(feats, state)
+        return step(feats, state, ahead)
 
     monkeypatch.setattr(network.encoder, "step", counted)
     return sizes

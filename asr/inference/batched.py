@@ -38,10 +38,10 @@ def advance_streams(network: nn.Module, audios: list[torch.Tensor], states: list
     states = [streaming.featurize(network, a, s, c, f) for a, s, c, f in zip(audios, states, chunks, finals)]
     feats, caches = [s.feats for s in states], [s.encoder for s in states]
     outputs: list[list[torch.Tensor]] = [[] for _ in states]
-    while groups := ready(feats, chunks, finals, encoder.factor):
-        for take, members in groups.items():
-            batch = torch.cat([feats[i][:, :take] for i in members]).to(dtype)  # (B, take, F)
-            out, cache = encoder.step(batch, streaming.stack([caches[i] for i in members]))  # (B, take / f, d)
+    while groups := ready(feats, chunks, finals, encoder):
+        for (take, ahead), members in groups.items():
+            batch = torch.cat([feats[i][:, :take + ahead] for i in members]).to(dtype)  # (B, take + ahead, F)
+            out, cache = encoder.step(batch, streaming.stack([caches[i] for i in members]), ahead)  # (B, take / f, d)
             frames = streaming.network_frames(network, out)  # (B, take / f, *)
             for row, (i, own) in enumerate(zip(members, streaming.unstack(cache))):
                 outputs[i].append(frames[row: row + 1])
@@ -51,12 +51,14 @@ def advance_streams(network: nn.Module, audios: list[torch.Tensor], states: list
             for out, s, x, cache, final in zip(outputs, states, feats, caches, finals)]
 
 
-def ready(feats: list[torch.Tensor], chunks: list[int], finals: list[bool], factor: int) -> dict[int, list[int]]:
-    """The streams with feature frames (1, m_i, F) ready for a step, by the feature frames that step takes."""
-    groups: dict[int, list[int]] = {}
+def ready(feats: list[torch.Tensor], chunks: list[int], finals: list[bool], encoder: nn.Module
+          ) -> dict[tuple[int, int], list[int]]:
+    """The streams with feature frames (1, m_i, F) ready for a step, by the feature frames that step takes and
+    reads ahead (asr.models.streaming.step_frames)."""
+    groups: dict[tuple[int, int], list[int]] = {}
     for i, (x, chunk, final) in enumerate(zip(feats, chunks, finals)):
-        if take := streaming.step_frames(x.shape[1], chunk, factor, final):
-            groups.setdefault(take, []).append(i)
+        if window := streaming.step_frames(x.shape[1], chunk, encoder, final):
+            groups.setdefault(window, []).append(i)
     return groups
 
 

@@ -39,6 +39,8 @@ class EncoderConfig:
             at unless told otherwise; 4 at the default 80 ms frames = 320 ms); 0 = full context.
         left_context: streaming only: encoder frames before its chunk each attention layer sees (the cache each
             layer carries between chunks).
+        lookahead: streaming only: encoder frames past its chunk that the first block's attention sees (R); a
+            stream waits for them, so the latency grows by R frames (asr.models.streaming).
         max_chunk_frames: streaming only: training draws each batch's chunk uniformly from 1..max_chunk_frames
             frames, or full context (below).
         full_context_prob: streaming only: the share of training batches run in full context (every frame sees
@@ -65,6 +67,7 @@ class EncoderConfig:
     streaming: bool = False
     chunk_frames: int = 4
     left_context: int = 32
+    lookahead: int = 0
     max_chunk_frames: int = 16
     full_context_prob: float = 0.5
 
@@ -72,7 +75,7 @@ class EncoderConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.encoder.{name} must be in [0, 1), got {getattr(self, name):g}")
-        for name in ("chunk_frames", "left_context"):
+        for name in ("chunk_frames", "left_context", "lookahead"):
             if getattr(self, name) < 0:
                 raise ValueError(f"model.encoder.{name} must be >= 0, got {getattr(self, name)}")
         if self.max_chunk_frames < 1:

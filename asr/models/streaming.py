@@ -2,19 +2,22 @@
 run over a whole file or chunk by chunk with its caches carried between chunks.
 
     whole file:  feats (B, T, F), frames (B,) ──StreamingEncoder──> states (B, T', d), lengths (B,)      T' = T // f
-    a stream:    feats (B, C f, F), EncoderState ──StreamingEncoder.step──> states (B, C, d), EncoderState
+    a stream:    feats (B, (C + A) f, F), EncoderState ──StreamingEncoder.step──> states (B, C, d), EncoderState
 
 T counts feature frames (10 ms), T' encoder frames (f = model.encoder.subsampling feature frames each), C the chunk
-in encoder frames. What each part sees:
+in encoder frames, A <= R the frames of look-ahead after it (R but at a stream's end). What each part sees:
 - attention (``chunk_mask``): encoder frame t is in chunk t // C; in every layer it sees the frames of its own chunk
-  and the ``left_context`` frames before the chunk's first, nothing after the chunk's last. C = 0 is full context.
+  and the ``left_context`` frames before the chunk's first, nothing after the chunk's last, except in the first
+  layer: its keys reach ``lookahead`` frames (R) past the chunk. C = 0 is full context. Only the first layer looks
+  ahead because its keys are the subsampling's frames, which a stream computes alone; a later layer's frames past the
+  chunk would need the chunk after, so the look-ahead would grow with depth (NeMo's cache-aware right context).
 - convolutions (``CausalConvModule``): each depthwise convolution sees its frame and the kernel - 1 before it.
 - subsampling (``CausalSubsampling``): f - 1 zero feature frames in front, so encoder frame j reads feature frames
   f j - f + 1 .. f j + f - 1: its own f and the f - 1 before them; a chunk needs no feature frame after it.
 - features: model.features.norm global or running (asr.models.features): each frame is scaled without the frames
   after it; running's statistics so far are carried in the StreamState.
-So a stream's algorithmic latency is the chunk, C f x 10 ms, plus what a feature window reaches past its hop
-(15 ms for 25 ms windows, 10 ms for 20 ms ones): ``algorithmic_latency``.
+So a stream's algorithmic latency is the chunk and its look-ahead, (C + R) f x 10 ms, plus what a feature window
+reaches past its hop (15 ms for 25 ms windows, 10 ms for 20 ms ones): ``algorithmic_latency``.
 
 Caches (``EncoderState``) are explicit tensors of fixed size, so memory does not grow with the stream and the step
 can be traced: the last f - 1 feature frames (B, f - 1, F); each attention layer's rotated keys and values of the
@@ -58,16 +61,16 @@ class EncoderState(NamedTuple):
     position: torch.Tensor  # (B,) int64 encoder frames so far: the index of the next chunk's first
 
 
-def chunk_mask(lengths: torch.Tensor, frames: int, chunk: int, left: int) -> torch.Tensor:
+def chunk_mask(lengths: torch.Tensor, frames: int, chunk: int, left: int, right: int = 0) -> torch.Tensor:
     """True where query frame t may attend to key frame s: s inside the utterance (``lengths`` (B,) encoder frames)
-    and, ``chunk`` C > 0, in [c C - left, c C + C) for t's chunk c = t // C: (B, 1, T', T'); C = 0 (full context):
-    a key-padding mask (B, 1, 1, T'). Each frame sees itself, so a padded query has a key (no NaN from SDPA)."""
+    and, ``chunk`` C > 0, in [c C - left, c C + C + right) for t's chunk c = t // C: (B, 1, T', T'); C = 0 (full
+    context): a key-padding mask (B, 1, 1, T'). Each frame sees itself, so a padded query has a key (no NaN)."""
     positions = torch.arange(frames, device=lengths.device)
     inside = positions[None, :] < lengths[:, None]  # (B, T')
     if chunk == 0:
         return inside[:, None, None, :]
     first = positions // chunk * chunk  # (T',) each query's chunk start
-    seen = (positions[None, :] < first[:, None] + chunk) & (positions[None, :] >= first[:, None] - left)  # (T', T')
+    seen = (positions[None, :] < first[:, None] + chunk + right) & (positions[None, :] >= first[:, None] - left)
     return ((seen[None] & inside[:, None, :]) | torch.eye(frames, dtype=torch.bool, device=lengths.device))[:, None]
 
 
@@ -125,6 +128,7 @@ class StreamingConformerBlock(ConformerBlock):
         super().__init__(cfg)
         self.conv = CausalConvModule(cfg)
         self.keys_seen = cfg.chunk_frames + cfg.left_context  # for flops: the keys a query sees at the default chunk
+        # (the first block's look-ahead adds a few keys to one layer: left out)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
@@ -132,16 +136,19 @@ class StreamingConformerBlock(ConformerBlock):
         return self.step(x, mask, keep, turn)[0]
 
     def step(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor],
-             cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+             cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, ahead: int = 0
              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """As forward, after the frames ``cache`` holds (None: nothing before x); the mask covers the cached keys
-        first, then x's. Returns the output and what the cache holds with x: the keys and values of the cache's
-        frames and x's (B, H, L + T', d / H), of which the next chunk keeps the last left_context (StreamingEncoder.step),
-        and the convolution's next history."""
+        first, then x's. x's last ``ahead`` frames are look-ahead: keys and values only (the first block's, module
+        docstring), left out of the output (B, T' - ahead, d) and of the cache. Returns the output and what the cache
+        holds with the rest of x: the keys and values of the cache's frames and its (B, H, L + T' - ahead, d / H), of
+        which the next chunk keeps the last left_context (StreamingEncoder.step), and the convolution's history."""
         keys, values, history = cache if cache is not None else (None, None, None)
         x = x + 0.5 * self.ff_first(x)
         y, keys, values = self.attend(self.attn_norm(x), mask, turn, keys, values)
-        x = x + dropout(y, self.dropout, self.training)
+        own = x.shape[1] - ahead  # the chunk's frames
+        x = x[:, :own] + dropout(y[:, :own], self.dropout, self.training)
+        keys, values = keys[:, :, : keys.shape[2] - ahead], values[:, :, : values.shape[2] - ahead]
         y, history = self.conv.step(x, keep, history)
         x = x + y
         x = x + 0.5 * self.ff_last(x)
@@ -186,7 +193,7 @@ class StreamingEncoder(BlockStack):
         if checkpoint_every < 0:
             raise ValueError(f"model.checkpoint_every must be >= 0 (0 = off), got {checkpoint_every}")
         self.cfg, self.checkpoint_every = cfg, checkpoint_every
-        self.d_model, self.factor, self.chunk = cfg.d_model, cfg.subsampling, cfg.chunk_frames
+        self.d_model, self.factor, self.chunk, self.lookahead = cfg.d_model, cfg.subsampling, cfg.chunk_frames, cfg.lookahead
         self.subsampling = CausalSubsampling(n_feats, cfg.d_model, cfg.subsampling, cfg.conv_channels,
                                              cfg.subsampling_conv == "separable")
         self.blocks = nn.ModuleList(StreamingConformerBlock(cfg) for _ in range(cfg.n_layers))
@@ -201,15 +208,18 @@ class StreamingEncoder(BlockStack):
         else:
             x, lengths = self.subsampling(feats, frames)  # (B, T', d)
         b, t = x.shape[:2]
-        mask = chunk_mask(lengths, t, self.training_chunk() if self.training else self.chunk, self.cfg.left_context)
+        chunk, left = self.training_chunk() if self.training else self.chunk, self.cfg.left_context
+        mask = chunk_mask(lengths, t, chunk, left)
+        first = chunk_mask(lengths, t, chunk, left, self.lookahead) if chunk and self.lookahead else mask
         keep = (torch.arange(t, device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
         turn = rotation(torch.arange(t, device=x.device).expand(b, t), self.d_model // self.cfg.n_heads)
         middle_states = None
         for i, block in enumerate(self.blocks):
+            seen = first if i == 0 else mask
             if recompute and i % self.checkpoint_every == 0:
-                x = checkpoint(block, x, mask, keep, turn, use_reentrant=False)
+                x = checkpoint(block, x, seen, keep, turn, use_reentrant=False)
             else:
-                x = block(x, mask, keep, turn)
+                x = block(x, seen, keep, turn)
             if middle and i == self.middle_block:
                 middle_states = x
         return (x, lengths, middle_states) if middle else (x, lengths)
@@ -230,22 +240,29 @@ class StreamingEncoder(BlockStack):
                             torch.zeros(layers, batch, cfg.conv_kernel - 1, cfg.d_model, device=device),
                             torch.zeros(batch, dtype=torch.long, device=device))
 
-    def step(self, feats: torch.Tensor, state: EncoderState) -> tuple[torch.Tensor, EncoderState]:
-        """The next chunk: feats (B, C f, F) -> states (B, C, d) and the caches after it. Every frame of the chunk
-        sees the whole chunk, as in the whole-file forward with chunk C; a stream's last chunk may be shorter."""
-        if feats.shape[1] % self.factor:
-            raise ValueError(f"a chunk must be whole encoder frames of {self.factor} feature frames, got {feats.shape[1]}")
-        b, new = feats.shape[0], feats.shape[1] // self.factor
-        history = torch.cat([state.features.to(feats.dtype), feats], dim=1)  # (B, f - 1 + C f, F)
-        x, _ = self.subsampling.read(history, torch.full((b,), feats.shape[1], device=feats.device))  # (B, C, d)
-        turn = rotation(state.position[:, None] + torch.arange(new, device=feats.device), self.d_model // self.cfg.n_heads)
-        mask = cache_mask(state.position, self.cfg.left_context, new)
+    def step(self, feats: torch.Tensor, state: EncoderState, ahead: int = 0) -> tuple[torch.Tensor, EncoderState]:
+        """The next chunk: feats (B, (C + A) f, F), of which the last ``ahead`` = A f are the look-ahead (A <= R,
+        fewer only at a stream's end) -> states (B, C, d) and the caches after the chunk. Every frame of the chunk
+        sees the whole chunk, the first block A frames more, as in the whole-file forward with chunk C; a stream's
+        last chunk may be shorter."""
+        if feats.shape[1] % self.factor or ahead % self.factor or ahead > self.lookahead * self.factor:
+            raise ValueError(f"a chunk and its look-ahead must be whole encoder frames of {self.factor} feature "
+                             f"frames, the look-ahead at most {self.lookahead}: got {feats.shape[1]} and {ahead}")
+        b, new, more = feats.shape[0], (feats.shape[1] - ahead) // self.factor, ahead // self.factor
+        history = torch.cat([state.features.to(feats.dtype), feats], dim=1)  # (B, f - 1 + (C + A) f, F)
+        x, _ = self.subsampling.read(history, torch.full((b,), feats.shape[1], device=feats.device))  # (B, C + A, d)
+        heads = self.d_model // self.cfg.n_heads
+        turn = rotation(state.position[:, None] + torch.arange(new + more, device=feats.device), heads)
         keep = x.new_ones(b, new, 1)
         keys, values, conv, left = [], [], [], self.cfg.left_context
         for i, block in enumerate(self.blocks):
-            x, (k, v, c) = block.step(x, mask, keep, turn, (state.keys[i], state.values[i], state.conv[i]))
+            seen = more if i == 0 else 0
+            rotated = turn if seen else (turn[0][..., :new, :], turn[1][..., :new, :])
+            x, (k, v, c) = block.step(x, cache_mask(state.position, left, new + seen), keep, rotated,
+                                      (state.keys[i], state.values[i], state.conv[i]), seen)
             keys.append(k[:, :, k.shape[2] - left:]), values.append(v[:, :, v.shape[2] - left:]), conv.append(c)
-        return x, EncoderState(history[:, history.shape[1] - (self.factor - 1):], torch.stack(keys),
+        end = history.shape[1] - ahead  # the features' history ends with the chunk, not its look-ahead
+        return x, EncoderState(history[:, end - (self.factor - 1): end], torch.stack(keys),
                                torch.stack(values), torch.stack(conv), state.position + new)
 
     def output_lengths(self, frames: torch.Tensor | int) -> torch.Tensor | int:
@@ -253,9 +270,10 @@ class StreamingEncoder(BlockStack):
 
 
 def algorithmic_latency(encoder: StreamingEncoder, chunk: int, window_seconds: float) -> float:
-    """Seconds from a sample's arrival until every frame it is in can be computed, at worst: the chunk's audio
-    (``chunk`` encoder frames) plus what a feature window of ``window_seconds`` reaches past its hop."""
-    return chunk * encoder.factor * HOP_SECONDS + window_seconds - HOP_SECONDS
+    """Seconds from a sample's arrival until every frame it is in can be computed, at worst: the audio of the chunk
+    and its look-ahead (``chunk`` + lookahead encoder frames) plus what a feature window of ``window_seconds``
+    reaches past its hop."""
+    return (chunk + encoder.lookahead) * encoder.factor * HOP_SECONDS + window_seconds - HOP_SECONDS
 
 
 class StreamState(NamedTuple):
@@ -290,8 +308,9 @@ def advance(network: nn.Module, audio: torch.Tensor, state: StreamState, chunk: 
     with encoder.chunk = ``chunk`` (to float rounding)."""
     state = featurize(network, audio, state, chunk, final)
     encoder, feats, caches, outputs = network.encoder, state.feats, state.encoder, []
-    while take := step_frames(feats.shape[1], chunk, encoder.factor, final):
-        states, caches = encoder.step(feats[:, :take].to(next(encoder.parameters()).dtype), caches)
+    while window := step_frames(feats.shape[1], chunk, encoder, final):
+        take, ahead = window
+        states, caches = encoder.step(feats[:, :take + ahead].to(next(encoder.parameters()).dtype), caches, ahead)
         outputs.append(network_frames(network, states))
         feats = feats[:, take:]
     frames = torch.cat(outputs, dim=1) if outputs else None
@@ -316,16 +335,20 @@ def samples_wanted(network: nn.Module, state: StreamState, chunk: int) -> int:
     """Samples of audio the next chunk of ``chunk`` encoder frames still needs after ``state``: the windows of the
     feature frames it misses, less the audio waiting in the state (0: it is complete)."""
     cfg = network.features.config
-    missing = chunk * network.encoder.factor - state.feats.shape[1]  # feature frames the next chunk needs
+    encoder = network.encoder
+    missing = (chunk + encoder.lookahead) * encoder.factor - state.feats.shape[1]  # the next chunk's and look-ahead's
     return max(0, (missing - 1) * cfg.hop_length + cfg.win_length - state.audio.shape[1])
 
 
-def step_frames(waiting: int, chunk: int, factor: int, final: bool) -> int:
-    """Feature frames the next encoder step takes of ``waiting``: a chunk's (``chunk`` encoder frames of ``factor``),
-    or at a stream's end the rest in whole encoder frames; 0 while they are not there."""
-    if waiting >= chunk * factor or (final and waiting >= factor):
-        return min(chunk * factor, waiting // factor * factor)
-    return 0
+def step_frames(waiting: int, chunk: int, encoder: StreamingEncoder, final: bool) -> tuple[int, int] | None:
+    """The feature frames the next encoder step takes of ``waiting`` and those it reads after them as look-ahead:
+    a chunk's (``chunk`` encoder frames) and the encoder's lookahead frames after it, or at a stream's end the
+    rest in whole encoder frames; None while they are not there."""
+    factor, whole = encoder.factor, waiting // encoder.factor * encoder.factor
+    if waiting >= (chunk + encoder.lookahead) * factor or (final and waiting >= factor):
+        take = min(chunk * factor, whole)
+        return take, min(encoder.lookahead * factor, whole - take)
+    return None
 
 
 BATCH_DIMS = EncoderState(0, 1, 1, 1, 0)  # the dimension of each EncoderState tensor that counts streams

@@ -85,14 +85,15 @@ def test_advance_streams_gives_each_stream_the_frames_advance_gives_it_alone(cha
 
 def test_a_streaming_transducers_streams_stepped_together_decode_as_alone(char_tokenizer, monkeypatch):
     """The transducer's greedy search decodes each stream's own frames: three streams joining at rounds 0, 1 and 3
-    get the Updates they get alone."""
+    get the Updates they get alone; with a frame of look-ahead, so that streams ending in one round step with
+    look-aheads of their own lengths."""
     from asr.models.features import FeatureConfig
     from tests.conftest import encoder
     from asr.train.module import ASRModule
 
     torch.manual_seed(0)
     cfg = encoder(n_heads=2, ff_mult=2, dropout=0.0, block="conformer", conv_kernel=5, streaming=True, chunk_frames=2,
-                  left_context=6)
+                  left_context=6, lookahead=1)
     module = ASRModule(tokenizer=char_tokenizer, encoder=cfg, objective="transducer",
                        features=FeatureConfig(norm="global", var_floor=0.0, quiet_db=0.0))
     streaming_transcriber = Transcriber(CheckpointModel(module.eval()))

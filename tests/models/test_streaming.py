@@ -43,11 +43,13 @@ def streamed(model: CTCModel, audio: torch.Tensor, chunk: int, seed: int = 1, mo
     return torch.cat([*outputs, *([] if frames is None else [frames])], dim=1), state
 
 
-@pytest.mark.parametrize("subsampling, chunk, norm", [(4, 1, "global"), (4, 3, "global"), (8, 2, "global"),
-                                                    (4, 1, "running"), (8, 2, "running")])
+@pytest.mark.parametrize("subsampling, chunk, norm, lookahead", [
+    (4, 1, "global", 0), (4, 3, "global", 0), (8, 2, "global", 0), (4, 1, "running", 0), (8, 2, "running", 0),
+    (4, 1, "global", 2), (4, 3, "running", 1), (8, 2, "running", 3)])
 @torch.inference_mode()
-def test_a_stream_in_pieces_gives_the_frames_of_the_whole_file(subsampling, chunk, norm):
-    model = streaming_model(subsampling, norm=norm)
+def test_a_stream_in_pieces_gives_the_frames_of_the_whole_file(subsampling, chunk, norm, lookahead):
+    """Also with look-ahead: each chunk's first block reads the frames after it, the last chunk none."""
+    model = streaming_model(subsampling, norm=norm, lookahead=lookahead)
     model.encoder.chunk = chunk
     audio = noise(2.1)
     audio[:, 16000:] *= 5  # louder after 1 s: the running statistics move while the stream goes
@@ -58,14 +60,16 @@ def test_a_stream_in_pieces_gives_the_frames_of_the_whole_file(subsampling, chun
     assert torch.equal(frames.argmax(-1), whole.argmax(-1))
 
 
+@pytest.mark.parametrize("lookahead", [0, 2])
 @torch.inference_mode()
-def test_a_frame_sees_no_audio_past_its_chunk_and_the_feature_window():
-    """Changing audio from the first sample past chunk 1's last feature window leaves chunks 0 and 1 as they were;
-    one sample earlier changes chunk 1: the look-ahead is exactly what algorithmic_latency states."""
-    model, chunk, f = streaming_model(4, chunk=3), 3, 4
+def test_a_frame_sees_no_audio_past_its_chunk_its_look_ahead_and_the_feature_window(lookahead):
+    """Changing audio from the first sample past chunk 1's look-ahead's last feature window leaves chunks 0 and 1
+    as they were; one sample earlier changes chunk 1: the look-ahead is exactly what algorithmic_latency states."""
+    model, chunk, f = streaming_model(4, chunk=3, lookahead=lookahead), 3, 4
     audio = noise(2.0)
-    boundary = (2 * chunk * f - 1) * 160 + 400  # past the last sample of chunk 1's last 25 ms window
-    assert streaming.algorithmic_latency(model.encoder, chunk, 0.025) == pytest.approx(chunk * f * 0.01 + 0.015)
+    boundary = ((2 * chunk + lookahead) * f - 1) * 160 + 400  # past the last sample of chunk 1's last window
+    assert streaming.algorithmic_latency(model.encoder, chunk, 0.025) == pytest.approx(
+        (chunk + lookahead) * f * 0.01 + 0.015)
     lengths = torch.tensor([audio.shape[1]])
     base = model(audio, lengths)[0]
     later, earlier = audio.clone(), audio.clone()
@@ -104,16 +108,19 @@ def test_the_caches_keep_their_size_however_long_the_stream():
     assert int(long.encoder.position) == 6 * 16000 // 160 // 8
 
 
+@pytest.mark.parametrize("lookahead", [0, 1])
 @torch.inference_mode()
-def test_stacked_caches_step_streams_at_different_positions_as_each_alone():
+def test_stacked_caches_step_streams_at_different_positions_as_each_alone(lookahead):
     """stack joins streams' caches along their batch dimension and unstack splits them again: one step over a
     stream at its start, one 1 s in and one 0.3 s in gives each the states and caches of its own step."""
-    model = streaming_model(4, chunk=3, left=5)
+    model = streaming_model(4, chunk=3, left=5, lookahead=lookahead)
     states = [streaming.start(model).encoder] + [streamed(model, noise(s, seed=i), 3)[1].encoder
                                                  for i, s in enumerate((1.0, 0.3))]
-    feats = torch.randn(3, 12, model.encoder.subsampling.n_feats, generator=torch.Generator().manual_seed(5))
-    alone = [model.encoder.step(feats[i: i + 1], state) for i, state in enumerate(states)]
-    together, caches = model.encoder.step(feats, streaming.stack(states))
+    ahead = 4 * lookahead
+    feats = torch.randn(3, 12 + ahead, model.encoder.subsampling.n_feats, generator=torch.Generator().manual_seed(5))
+    alone = [model.encoder.step(feats[i: i + 1], state, ahead) for i, state in enumerate(states)]
+    together, caches = model.encoder.step(feats, streaming.stack(states), ahead)
+    assert together.shape[1] == 3
     assert [int(s.position) for s in states] == [0, 25, 7]
     for (states_alone, cache_alone), row, cache in zip(alone, together, streaming.unstack(caches)):
         torch.testing.assert_close(row[None], states_alone, atol=1e-5, rtol=1e-5)
@@ -124,11 +131,12 @@ def test_stacked_caches_step_streams_at_different_positions_as_each_alone():
     assert all(torch.equal(a, b) for a, b in zip(restacked, caches))
 
 
+@pytest.mark.parametrize("lookahead", [0, 2])
 @torch.inference_mode()
-def test_samples_wanted_is_exactly_the_audio_that_completes_the_next_chunk():
+def test_samples_wanted_is_exactly_the_audio_that_completes_the_next_chunk(lookahead):
     """At the start and 0.37 s into a stream: one sample less than samples_wanted gives no frames, that many gives
-    the chunk's, and then the next chunk wants a chunk's hop of audio more."""
-    model, chunk = streaming_model(4, chunk=3), 3
+    the chunk's, and then the next chunk wants a chunk's hop of audio more (its look-ahead is there already)."""
+    model, chunk = streaming_model(4, chunk=3, lookahead=lookahead), 3
     audio = noise(2.0)
     for at in (0, 5920):
         state = streaming.advance(model, audio[:, :at], streaming.start(model), chunk)[1]
@@ -138,7 +146,8 @@ def test_samples_wanted_is_exactly_the_audio_that_completes_the_next_chunk():
         assert short is None and frames.shape[1] == chunk and wanted > 0
         assert streaming.samples_wanted(model, after_short, chunk) == 1
         assert streaming.samples_wanted(model, after, chunk) == chunk * 4 * 160  # a chunk of 10 ms hops
-    assert streaming.samples_wanted(model, streaming.start(model), chunk) == 11 * 160 + 400  # 12 windows of 25 ms
+    frames = (chunk + lookahead) * 4  # the first chunk's and its look-ahead's windows of 25 ms
+    assert streaming.samples_wanted(model, streaming.start(model), chunk) == (frames - 1) * 160 + 400
 
 
 @torch.inference_mode()

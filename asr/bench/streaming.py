@@ -220,14 +220,16 @@ def network(transcriber: Transcriber) -> torch.nn.Module:
 
 def measure_wer(transcriber: Transcriber, utterances: list[Utterance], chunks: list[tuple[float, int]],
                 offline: Transcriber | None) -> list[dict]:
-    """WER and CER of the streaming model at each chunk and in full context (whole files through its encoder at that
-    chunk: what a stream gives, tests/inference/test_streaming.py), and of ``offline`` as asr.transcribe runs it."""
+    """WER and CER of the streaming model at each chunk, with its algorithmic latency (the chunk, its look-ahead and
+    the feature window's reach), and in full context (whole files through its encoder at that chunk: what a stream
+    gives, tests/inference/test_streaming.py), and of ``offline`` as asr.transcribe runs it."""
     encoder, rows = network(transcriber).encoder, []
-    references = [u.text for u in utterances]
+    references, window = [u.text for u in utterances], network(transcriber).features.config.win_seconds
     for name, frames in [(f"streaming {s:g} s", f) for s, f in chunks] + [("streaming full context", 0)]:
         encoder.chunk = frames
         scores = score(references, transcriber.transcribe_utterances(utterances))
-        rows.append({"model": name, "wer": scores["wer"], "cer": scores["cer"]})
+        latency = algorithmic_latency(encoder, frames, window) if frames else None
+        rows.append({"model": name, "wer": scores["wer"], "cer": scores["cer"], "algorithmic_s": latency})
     encoder.chunk = encoder.cfg.chunk_frames
     if offline is not None:
         scores = score(references, offline.transcribe_utterances(utterances))
@@ -378,7 +380,9 @@ def table(results: dict) -> str:
     for row in results.get("latency", []):
         lines.append(f"chunk {row['chunk_s']:g} s: algorithmic latency {row['algorithmic_s']:.3f} s, measured p50 "
                      f"{fmt(row['p50_s'])} s, p95 {fmt(row['p95_s'])} s")
-    lines += [f"{row['model']}: WER {row['wer']:.4f}  CER {row['cer']:.4f}" for row in results.get("wer", [])]
+    lines += [f"{row['model']}: WER {row['wer']:.4f}  CER {row['cer']:.4f}"
+              + (f"  (algorithmic latency {row['algorithmic_s']:.3f} s)" if row.get("algorithmic_s") else "")
+              for row in results.get("wer", [])]
     lines += [f"chunk {row['chunk_s']:g} s: real-time factor {row['rtf']:.4f} (one thread)" for row in results.get("rtf", [])]
     if "streams" in results:
         streams = results["streams"]

@@ -26,6 +26,7 @@ def test_quick_measures_every_section_on_a_tiny_checkpoint(corpus, char_tokenize
         assert row["p95_s"] is None or row["p95_s"] >= row["p50_s"] >= 0
     assert [row["model"] for row in results["wer"]] == ["streaming 0.16 s", "streaming 0.32 s", "streaming 0.64 s",
                                                         "streaming full context", "offline"]
+    assert [row["algorithmic_s"] for row in results["wer"][:3]] == [row["algorithmic_s"] for row in results["latency"]]
     assert all(row["rtf"] > 0 for row in results["rtf"])
     streams = results["streams"]  # the load test ran against python -m asr.serve in a process of its own
     assert streams["levels"][0]["streams"] == 1 and streams["chunk_s"] == 0.32 and streams["held"] in (0, 1, 2)

@@ -63,7 +63,8 @@ class Candidate:
         return f"d{self.d_model}-lr{self.lr:g}"
 
     def overrides(self, total_steps: int, max_seconds: float) -> list[str]:
-        """The asr.fit flags of this candidate's run, its schedule sized to ``total_steps`` in ``max_seconds``."""
+        """The asr.fit flags of this candidate's run, its schedule sized to ``total_steps`` (-1: none, the cosine
+        by the clock alone, asr.train.schedule) in ``max_seconds``."""
         return ["--model.encoder.d_model", str(self.d_model), "--model.optimizer.init_args.lr", f"{self.lr:g}",
                 "--trainer.max_steps", str(total_steps), "--trainer.max_epochs", "-1",
                 "--trainer.max_time", clock(max_seconds)]
@@ -305,10 +306,13 @@ class Search:
                           "(or train one model: --trainer.max_time)")
 
     def arguments(self, probe: Probe, plan: Schedule, final: bool) -> list[str]:
-        """asr.fit's arguments for ``probe``'s next run: a round of the probe into the budget folder, or (``final``)
-        the winner's run into the run folder, to the end of its schedule or of the time left."""
+        """asr.fit's arguments for ``probe``'s next run: a round of the probe into the budget folder, its schedule
+        sized to the winner's seconds at the candidate's seconds a step, or (``final``) the winner's run into the run
+        folder to the end of the time left, its cosine by the clock (no max_steps): the probes' seconds a step (a
+        run each, a validation each) overstate a long run's, and winners stopped by steps ended 5- and 15-minute
+        budgets at 4:32 and 13:11 (docs/benchmarks.md, 2026-11-28 late night)."""
         candidate = probe.candidate
-        total = max(1, int(plan.winner_seconds / candidate.step_s))
+        total = -1 if final else max(1, int(plan.winner_seconds / candidate.step_s))
         if final:
             limit = (probe.seconds[-1] if probe.seconds else 0.0) + self.left() - self.build_seconds
             where = [str(self.save_dir), self.name]

@@ -72,6 +72,27 @@ def test_the_first_run_sizes_the_candidates_not_yet_run_by_what_the_loop_adds_to
     assert budget.round_end(rest[0], 6.4, 0) == 20  # t0 of 6.4 s at 0.32 s a step, not 43 at the timed 0.15
 
 
+def test_a_probe_round_stops_at_its_steps_and_the_winner_by_the_clock_alone(monkeypatch, tmp_path):
+    """A round's run has a schedule of the winner's seconds in steps; the winner's run has no max_steps (its cosine
+    follows the clock: a long run's steps are faster than the probes') and the budget's time left."""
+    search = object.__new__(budget.Search)
+    search.args, search.budget, search.build_seconds = ["--seed_everything", "1"], 900.0, 10.0
+    search.save_dir, search.name, search.folder, search.tokenizer = tmp_path, "run", tmp_path / "b", tmp_path / "t"
+    monkeypatch.setattr(budget, "process_seconds", lambda: 300.0)
+    probe = budget.Probe(candidates(0.5)[0], steps=[100], seconds=[60.0], losses=[3.0], checkpoint="last.ckpt")
+    plan = budget.Schedule(t0=20.0, winner_seconds=600.0, probe_seconds=200.0)
+
+    def flag(args: list[str], name: str) -> str:
+        return args[args.index(name) + 1]
+
+    round_ = search.arguments(probe, plan, final=False)
+    assert flag(round_, "--trainer.max_steps") == "1200" and flag(round_, "--trainer.max_time") == "00:00:10:00"
+    final = search.arguments(probe, plan, final=True)
+    left = 900 * (1 - budget.RESERVE_SHARE) - 300 - 10  # the budget less the reserve, time spent and a start-up
+    assert flag(final, "--trainer.max_steps") == "-1" and flag(final, "--trainer.max_time") == budget.clock(60 + left)
+    assert flag(final, "--ckpt_path") == "last.ckpt" and flag(final, "--trainer.logger.init_args.name") == "run"
+
+
 def test_a_budget_too_small_for_the_slowest_candidate_names_the_training_time_that_would_do():
     with pytest.raises(budget.BudgetTooSmall) as refused:
         budget.schedule(10.0, candidates(0.1, 1.0))

@@ -255,11 +255,11 @@ class StreamingEncoder(BlockStack):
         turn = rotation(state.position[:, None] + torch.arange(new + more, device=feats.device), heads)
         keep = x.new_ones(b, new, 1)
         keys, values, conv, left = [], [], [], self.cfg.left_context
+        first = (cache_mask(state.position, left, new + more), turn, more)  # the first block reads the look-ahead
+        rest = (cache_mask(state.position, left, new), (turn[0][..., :new, :], turn[1][..., :new, :]), 0)
         for i, block in enumerate(self.blocks):
-            seen = more if i == 0 else 0
-            rotated = turn if seen else (turn[0][..., :new, :], turn[1][..., :new, :])
-            x, (k, v, c) = block.step(x, cache_mask(state.position, left, new + seen), keep, rotated,
-                                      (state.keys[i], state.values[i], state.conv[i]), seen)
+            mask, rotated, seen = first if i == 0 else rest
+            x, (k, v, c) = block.step(x, mask, keep, rotated, (state.keys[i], state.values[i], state.conv[i]), seen)
             keys.append(k[:, :, k.shape[2] - left:]), values.append(v[:, :, v.shape[2] - left:]), conv.append(c)
         end = history.shape[1] - ahead  # the features' history ends with the chunk, not its look-ahead
         return x, EncoderState(history[:, end - (self.factor - 1): end], torch.stack(keys),

@@ -242,7 +242,7 @@ def round_end(probe: Probe, t0: float, k: int) -> int:
 
 def calibrate(probe: Probe) -> None:
     """After a round: the candidate's seconds a step as its runs took them (data, the loop and its validation
-    included), which its next rounds and, as the winner, its schedule's steps are sized with. The timed model step
+    included), which its next rounds and the schedule its probe follows are sized with. The timed model step
     it was planned with leaves those out: on the 2-core EPYC the default run's candidates took 0.29-0.33 s a step
     against 0.10-0.18 timed, so a winner sized by the timed step kept its peak learning rate to the end
     (docs/benchmarks.md, 2026-11-28 night)."""
@@ -324,7 +324,7 @@ class Search:
 
     def run(self, probe: Probe, plan: Schedule, steps: int | None) -> None:
         """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` and record its validation loss;
-        None: the winner's run, to the end of its schedule or of the time left."""
+        None: the winner's run, to the end of the time left."""
         began = time.monotonic()
         stop = StopAtStep(steps) if steps else None
         cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks=[stop] if stop else [])

@@ -168,8 +168,9 @@ def test_training_draws_each_batchs_chunk_full_context_some_of_the_time():
     assert [enc.training_chunk() for _ in range(400)] == drawn  # seeded by the run's seed
 
 
-def test_training_runs_a_padded_batch_at_a_drawn_chunk_and_keeps_gradients_finite():
-    model = streaming_model(4, dropout=0.1, attention_dropout=0.1).train()
+@pytest.mark.parametrize("overrides", [{}, {"lookahead": 2, "full_context_prob": 0.0}])  # the second: in chunks
+def test_training_runs_a_padded_batch_at_a_drawn_chunk_and_keeps_gradients_finite(overrides):
+    model = streaming_model(4, dropout=0.1, attention_dropout=0.1, **overrides).train()
     audio = torch.cat([noise(1.0), noise(1.0, seed=1)])
     log_probs, lengths = model(audio, torch.tensor([16000, 12000]))
     log_probs[0, : int(lengths[0])].sum().backward()

@@ -122,6 +122,18 @@ def test_the_choice_is_the_lowest_extrapolated_loss_not_the_lowest_loss_now():
     assert winner is fast_learner and predicted["d128-lr0.001"] < predicted["d64-lr0.001"]
 
 
+def test_while_no_candidate_writes_a_character_the_recipes_own_model_is_kept():
+    """In CTC's blank stage (every validation CER 1.0) lower losses do not say which model learns more: the search
+    stops with the recipe's own model; once one candidate writes, the losses decide."""
+    smaller, own, faster = probe(64, [10], [3.6]), probe(96, [10], [4.1]), probe(96, [10], [3.9])
+    own.candidate = Candidate(96, 1e-3, 1000, 0.1, own=True)
+    for p in (smaller, own, faster):
+        p.errors = [1.0]
+    assert budget.undecided([smaller, own, faster]) is own
+    faster.errors = [0.97]
+    assert budget.undecided([smaller, own, faster]) is None
+
+
 def test_survivors_are_the_lowest_losses_in_a_stable_order():
     probes = [probe(64, [1], [0.5]), probe(96, [1], [0.4]), probe(128, [1], [0.5])]
     assert [p.candidate.d_model for p in budget.survivors(probes, 2)] == [96, 64]
@@ -134,6 +146,7 @@ def test_candidates_widen_the_recipes_model_and_raise_its_learning_rate(tmp_path
     found = budget.candidates_of(cli)
     assert sorted({c.d_model for c in found}) == [64, 96, 144]  # 2/3, 1 and 1.5 of 96, multiples of 2 x 2 heads
     assert sorted({c.lr for c in found}) == [1e-3, 2e-3]  # AdamW's own lr and twice it
+    assert [(c.d_model, c.lr) for c in found if c.own] == [(96, 1e-3)]  # the recipe's own model and rate
     small, large = min(found, key=lambda c: c.params), max(found, key=lambda c: c.params)
     assert small.params < large.params and all(c.step_s > 0 for c in found)
 
@@ -169,6 +182,7 @@ def test_a_budgeted_run_probes_chooses_continues_and_tests(budgeted):
     assert len(record["candidates"]) == 2 and record["chosen"] in {c["name"] for c in record["candidates"]}
     for c in record["candidates"]:
         assert len(c["val_losses"]) == 1 and math.isfinite(c["val_losses"][0]) and c["steps"][0] >= 3
+        assert len(c["val_cers"]) == 1 and 0.0 <= c["val_cers"][0] <= 1.0
     assert (folder / "checkpoints" / "last.ckpt").is_file()
     metrics = (folder / "metrics.csv").read_text()
     assert "test/wer" in metrics  # scored on the test split as any run

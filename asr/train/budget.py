@@ -15,10 +15,10 @@ How it chooses (each number below is a constant of this module, and plan.json re
    2 t0, then 4 t0 (6 -> 3 -> 2). Each candidate's learning rate follows the schedule it would have as the winner
    (warm-up and cosine over the steps it would make in the winner's time), so a probe is the start of that run.
 3. The choice: each survivor's validation losses against its training seconds are fitted with a power law,
-   loss = b * t^-c, and extrapolated to the time it would have in all; the lowest wins (``choose``). Unless no
-   candidate writes a character yet after the first round (validation CER 1.0: CTC's blank stage, where the
-   losses do not rank what the models will learn; ``undecided``): then the search stops there and the recipe's own
-   model and learning rate continue, with all the time left.
+   loss = b * t^-c, and extrapolated to the time it would have in all; the lowest wins (``choose``). The recipe's
+   own model and learning rate run first: if they write no character after their first round (validation CER
+   1.0: CTC's blank stage, where losses do not rank what the models learn later; ``blank``), the search stops
+   there and they continue with all the time left, so a budget too short to tell costs one round, not the probe.
 4. The winner continues from its own weights, optimizer and schedule (nothing it learned is thrown away) for the
    time left, stopped by ``--trainer.max_time``, and the test split scores it as in any run.
 
@@ -174,15 +174,12 @@ def choose(probes: list[Probe], more_seconds: float) -> tuple[Probe, dict[str, f
     return min(probes, key=lambda p: predicted[p.candidate.name]), predicted
 
 
-def undecided(probes: list[Probe]) -> Probe | None:
-    """The recipe's own candidate when no probe has written a character yet (each last validation CER 1.0), else
-    None. There every candidate's losses fall as its blank probability settles, and their ranking is not the
-    ranking of what they learn after: on the bundled corpus, 5 minutes, the search chose d64-lr0.001 by such losses
-    (test WER 0.695) where the recipe's own model for the same 5 minutes scored 0.268 (docs/benchmarks.md,
-    2026-11-28 late night)."""
-    if any(p.errors and p.errors[-1] < 1.0 for p in probes):
-        return None
-    return next(p for p in probes if p.candidate.own)
+def blank(probe: Probe) -> bool:
+    """Whether ``probe``'s model writes no character yet (its last validation CER 1.0): CTC's blank stage, where
+    every candidate's loss falls as its blank probability settles and their ranking is not that of what they learn
+    after. On the bundled corpus in 5 minutes the search chose d64-lr0.001 by such losses (test WER 0.695) where
+    the recipe's own model for the same 5 minutes scored 0.268 (docs/benchmarks.md, 2026-11-28 late night)."""
+    return bool(probe.errors) and probe.errors[-1] >= 1.0
 
 
 def survivors(probes: list[Probe], keep: int) -> list[Probe]:
@@ -210,7 +207,7 @@ def candidates_of(cli) -> list[Candidate]:
         params = sum(p.numel() for p in sized.parameters())
         own = width == max(2 * heads, round(encoder.d_model / (2 * heads)) * 2 * heads)  # WIDTHS' 1.0
         found += [Candidate(width, lr * f, params, step_s, own and f == 1.0) for f in LR_FACTORS]
-    return found
+    return sorted(found, key=lambda c: not c.own)  # the recipe's own first (Search.rounds), the rest as they were
 
 
 def fewer(candidates: list[Candidate], d_model: int) -> list[list[Candidate]]:
@@ -364,19 +361,11 @@ class Search:
         self.base.datamodule.tokenizer.save(self.tokenizer)
         candidates, plan = self.plan()
         probes = [Probe(c) for c in candidates]
-        alive = probes
-        for k, keep in enumerate(halving(len(candidates))):
-            alive = survivors(alive, keep) if k else alive
-            for probe in alive:
-                timed = probe.candidate.step_s
-                self.run(probe, plan, round_end(probe, plan.t0, k))
-                if probe is probes[0] and k == 0:
-                    scale_untried(probes, probe, timed)
-            if own := undecided(alive):
-                winner, predicted = own, {}
-                why = (f"no candidate writes a character after round {k + 1} (validation CER 1.0: CTC's blank stage, "
-                       "whose losses do not rank what the models learn later): the recipe's own model continues")
-                break
+        alive, undecided = self.rounds(probes, plan)
+        if undecided:
+            winner, predicted = alive[0], {}
+            why = (f"the recipe's own model writes no character after its first round ({plan.t0:.0f} s; validation "
+                   "CER 1.0, CTC's blank stage, whose losses do not rank what the models learn later): it continues")
         else:
             winner, predicted = choose(alive, plan.winner_seconds - plan.t0 * 2 ** (len(halving(len(candidates))) - 1))
             why = (f"lowest validation loss extrapolated to {plan.winner_seconds:.0f} s of training "
@@ -392,6 +381,21 @@ class Search:
             (folder / PLAN).write_text(json.dumps(record, indent=1))
         plot(record, Path(self.final.trainer.log_dir) / "plan.png")
         return record
+
+    def rounds(self, probes: list[Probe], plan: Schedule) -> tuple[list[Probe], bool]:
+        """Successive halving over ``probes`` (the recipe's own first): the survivors of the last round, False; or
+        the recipe's own alone, True, when it is still ``blank`` after its first round (the others are not run)."""
+        alive = probes
+        for k, keep in enumerate(halving(len(probes))):
+            alive = survivors(alive, keep) if k else alive
+            for probe in alive:
+                timed = probe.candidate.step_s
+                self.run(probe, plan, round_end(probe, plan.t0, k))
+                if probe is probes[0] and k == 0:
+                    if probe.candidate.own and blank(probe):
+                        return [probe], True
+                    scale_untried(probes, probe, timed)
+        return alive, False
 
     def record(self, candidates, plan, probes, winner, predicted, why: str) -> dict:
         return {
@@ -413,7 +417,7 @@ def table(record: dict) -> str:
              f"{'candidate':<16} {'params':>9} {'s/step':>7} {'steps':>14} {'val loss':>22} {'predicted':>9}"]
     for c in record["candidates"]:
         predicted = (f"{c['predicted_loss']:.3f}" if c["predicted_loss"] is not None
-                     else "-" if c["name"] == record["chosen"] else "stopped")
+                     else "-" if c["name"] == record["chosen"] else "stopped" if c["steps"] else "not run")
         lines.append(f"{c['name']:<16} {c['params']:>9,} {c['step_s']:>7.3f} {'/'.join(map(str, c['steps'])):>14} "
                      f"{'/'.join(f'{x:.3f}' for x in c['val_losses']):>22} {predicted:>9}")
     lines.append(f"chosen: {record['chosen']}: {record['why']}")

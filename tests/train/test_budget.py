@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,16 +123,36 @@ def test_the_choice_is_the_lowest_extrapolated_loss_not_the_lowest_loss_now():
     assert winner is fast_learner and predicted["d128-lr0.001"] < predicted["d64-lr0.001"]
 
 
-def test_while_no_candidate_writes_a_character_the_recipes_own_model_is_kept():
-    """In CTC's blank stage (every validation CER 1.0) lower losses do not say which model learns more: the search
-    stops with the recipe's own model; once one candidate writes, the losses decide."""
-    smaller, own, faster = probe(64, [10], [3.6]), probe(96, [10], [4.1]), probe(96, [10], [3.9])
-    own.candidate = Candidate(96, 1e-3, 1000, 0.1, own=True)
-    for p in (smaller, own, faster):
-        p.errors = [1.0]
-    assert budget.undecided([smaller, own, faster]) is own
-    faster.errors = [0.97]
-    assert budget.undecided([smaller, own, faster]) is None
+def rounds_with(first_cer: float) -> tuple[list[Probe], list[Probe], bool]:
+    """Search.rounds over six candidates whose runs are faked: each round adds 10 steps, 5 s and a loss (lower for
+    wider models), and validation CER ``first_cer`` for the recipe's own (run first), 0.9 for the others."""
+    search = object.__new__(budget.Search)
+    found = candidates(0.1, 0.1, 0.1, 0.1, 0.1, 0.1)
+    found[2] = replace(found[2], own=True)
+    probes = [Probe(c) for c in sorted(found, key=lambda c: not c.own)]
+    ran = []
+
+    def run(probe, plan, steps):
+        ran.append(probe)
+        probe.steps.append(steps)
+        probe.seconds.append(5.0 * len(probe.steps))
+        probe.losses.append(4.0 - probe.candidate.d_model / 100 - 0.1 * len(probe.steps))
+        probe.errors.append(first_cer if probe.candidate.own else 0.9)
+
+    search.run = run
+    alive, undecided = search.rounds(probes, budget.Schedule(t0=1.0, winner_seconds=100.0, probe_seconds=13.0))
+    return ran, alive, undecided
+
+
+def test_while_the_recipes_own_model_writes_no_character_the_search_stops_with_it():
+    """In CTC's blank stage (validation CER 1.0) losses do not say which model learns more: if the recipe's own
+    model, run first, writes nothing after its first round, no other candidate runs and it continues; once it
+    writes, every candidate runs and successive halving decides."""
+    ran, alive, undecided = rounds_with(1.0)
+    assert undecided and [p.candidate.own for p in ran] == [True] and alive == ran
+    ran, alive, undecided = rounds_with(0.95)
+    assert not undecided and len(ran) == 6 + 3 + 2 and len(alive) == 2
+    assert not any(budget.blank(p) for p in alive) and budget.blank(Probe(Candidate(64, 1e-3), errors=[1.0]))
 
 
 def test_survivors_are_the_lowest_losses_in_a_stable_order():
@@ -153,7 +174,9 @@ def test_candidates_widen_the_recipes_model_and_raise_its_learning_rate(tmp_path
 
 @pytest.fixture(scope="module")
 def budgeted(tmp_path_factory):
-    """A budgeted run of two candidates (one width, two learning rates) on a slice of data/mini."""
+    """A budgeted run of two candidates (one width, two learning rates) on a slice of data/mini. A few steps leave
+    every model in CTC's blank stage, where the search stops after the recipe's own first round (``rounds_with``
+    above); here both run and the losses choose, as they do once a model writes."""
     tmp = tmp_path_factory.mktemp("budget")
     train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 60)
     dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 10)
@@ -163,6 +186,7 @@ def budgeted(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(budget, "WIDTHS", (1.0,))
         patch.setattr(budget, "MIN_PROBE_STEPS", 3)
+        patch.setattr(budget, "blank", lambda probe: False)
         patch.setattr(budget, "process_seconds", lambda: 0.0)  # the test's own process has run for minutes
         patch.setattr(precision, "measured_steps", lambda *a: {"32-true": 1.0, "bf16-mixed": math.inf})  # any CPU
         validations, validate = [], pl.Trainer.validate

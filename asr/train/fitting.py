@@ -326,20 +326,25 @@ def build(args: list[str] | None = None) -> ASRCLI:
     if old:
         rank_zero_info(f"{', '.join(old)}: read as {', '.join(FLAT_FLAGS[flag] for flag in old)} (grouped now)")
         given = current_flags(given)
+    argv = sys.argv
     if args is None:  # from the command line: LightningCLI warns when given args beside sys.argv
         sys.argv[1:], given = given, None
-    args = given
-    return ASRCLI(
-        ASRModule,
-        ASRDataModule,
-        trainer_class=Trainer,
-        run=False,
-        args=args,
-        auto_configure_optimizers=False,  # ASRModule.configure_optimizers owns optimizer and schedule
-        trainer_defaults={"use_distributed_sampler": False},  # the bucket sampler splits batches across ranks itself
-        seed_everything_default=0,  # the measured default run's; LightningCLI would draw a random seed
-        save_config_kwargs={"overwrite": True},
-    )
+    else:  # args in place of the command line (a budget's runs): not beside it, or LightningCLI warns each time
+        sys.argv = argv[:1]
+    try:
+        return ASRCLI(
+            ASRModule,
+            ASRDataModule,
+            trainer_class=Trainer,
+            run=False,
+            args=given,
+            auto_configure_optimizers=False,  # ASRModule.configure_optimizers owns optimizer and schedule
+            trainer_defaults={"use_distributed_sampler": False},  # the bucket sampler splits batches across ranks
+            seed_everything_default=0,  # the measured default run's; LightningCLI would draw a random seed
+            save_config_kwargs={"overwrite": True},
+        )
+    finally:
+        sys.argv = argv
 
 
 def read_config(path: str) -> str:

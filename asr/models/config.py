@@ -23,7 +23,9 @@ class EncoderConfig:
         dropout: dropout on each block's residual branches and inside its feed-forward.
         attention_dropout: dropout on the attention weights (0 keeps the fused attention kernel).
         subsampling: feature frames per encoder frame, 4 or 8.
-        attention_window: > 0 limits attention to this many encoder frames either side; 0 = global.
+        attention_window: > 0 limits attention to this many encoder frames either side; 0 = global. A streaming
+            encoder's chunks have their own bounds (chunk_frames, left_context): there it limits full context
+            (training's full-context batches, whole files at chunk 0).
         conv_channels: channels of the subsampling convolutions; 0 = d_model.
         subsampling_conv: the subsampling's convolutions after the first: "full" 3x3, or "separable" (depthwise
             3x3 then pointwise 1x1, FastConformer's; with subsampling 8 and conv_channels 256, the GPU presets').
@@ -31,8 +33,8 @@ class EncoderConfig:
             "conformer"), or another encoder's key in asr.models.encoder.ENCODERS.
         conv_kernel: conformer only: depthwise convolution width in encoder frames, odd.
         conv_norm: conformer only: norm after the depthwise convolution, "layer" or "batch" (padding-masked).
-        streaming: a streaming encoder (asr.models.streaming; conformer blocks, attention_window 0, and
-            model.features.norm global or running): attention over chunks of encoder frames with left_context frames before
+        streaming: a streaming encoder (asr.models.streaming; conformer blocks and model.features.norm global or
+            running): attention over chunks of encoder frames with left_context frames before
             each chunk, causal depthwise convolutions and subsampling, so that a frame sees no audio past the end of
             its chunk; trained with a chunk size drawn per batch (WeNet's dynamic chunk training).
         chunk_frames: streaming only: encoder frames per chunk when not training (the latency transcription runs

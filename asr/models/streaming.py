@@ -8,9 +8,11 @@ T counts feature frames (10 ms), T' encoder frames (f = model.encoder.subsamplin
 in encoder frames, A <= R the frames of look-ahead after it (R but at a stream's end). What each part sees:
 - attention (``chunk_mask``): encoder frame t is in chunk t // C; in every layer it sees the frames of its own chunk
   and the ``left_context`` frames before the chunk's first, nothing after the chunk's last, except in the first
-  layer: its keys reach ``lookahead`` frames (R) past the chunk. C = 0 is full context. Only the first layer looks
-  ahead because its keys are the subsampling's frames, which a stream computes alone; a later layer's frames past the
-  chunk would need the chunk after, so the look-ahead would grow with depth (NeMo's cache-aware right context).
+  layer: its keys reach ``lookahead`` frames (R) past the chunk. Only the first layer looks ahead because its keys
+  are the subsampling's frames, which a stream computes alone; a later layer's frames past the chunk would need the
+  chunk after, so the look-ahead would grow with depth (NeMo's cache-aware right context). C = 0 is full context
+  (whole files): every frame, or with ``attention_window`` w > 0 the frames at most w away, as the offline
+  encoder's local attention.
 - convolutions (``CausalConvModule``): each depthwise convolution sees its frame and the kernel - 1 before it.
 - subsampling (``CausalSubsampling``): f - 1 zero feature frames in front, so encoder frame j reads feature frames
   f j - f + 1 .. f j + f - 1: its own f and the f - 1 before them; a chunk needs no feature frame after it.
@@ -61,16 +63,21 @@ class EncoderState(NamedTuple):
     position: torch.Tensor  # (B,) int64 encoder frames so far: the index of the next chunk's first
 
 
-def chunk_mask(lengths: torch.Tensor, frames: int, chunk: int, left: int, right: int = 0) -> torch.Tensor:
+def chunk_mask(lengths: torch.Tensor, frames: int, chunk: int, left: int, right: int = 0, window: int = 0
+               ) -> torch.Tensor:
     """True where query frame t may attend to key frame s: s inside the utterance (``lengths`` (B,) encoder frames)
     and, ``chunk`` C > 0, in [c C - left, c C + C + right) for t's chunk c = t // C: (B, 1, T', T'); C = 0 (full
-    context): a key-padding mask (B, 1, 1, T'). Each frame sees itself, so a padded query has a key (no NaN)."""
+    context): a key-padding mask (B, 1, 1, T'), or with ``window`` w > 0 |t - s| <= w (B, 1, T', T'). Each frame
+    sees itself, so a padded query has a key (no NaN)."""
     positions = torch.arange(frames, device=lengths.device)
     inside = positions[None, :] < lengths[:, None]  # (B, T')
-    if chunk == 0:
+    if chunk == 0 and not window:
         return inside[:, None, None, :]
-    first = positions // chunk * chunk  # (T',) each query's chunk start
-    seen = (positions[None, :] < first[:, None] + chunk + right) & (positions[None, :] >= first[:, None] - left)
+    if chunk == 0:
+        seen = (positions[None, :] - positions[:, None]).abs() <= window
+    else:
+        first = positions // chunk * chunk  # (T',) each query's chunk start
+        seen = (positions[None, :] < first[:, None] + chunk + right) & (positions[None, :] >= first[:, None] - left)
     return ((seen[None] & inside[:, None, :]) | torch.eye(frames, dtype=torch.bool, device=lengths.device))[:, None]
 
 
@@ -187,9 +194,6 @@ class StreamingEncoder(BlockStack):
         if cfg.block != "conformer":
             raise ValueError(f"model.encoder.streaming needs model.encoder.block conformer (relative positions that "
                              f"hold over a stream of any length), got {cfg.block!r}")
-        if cfg.attention_window:
-            raise ValueError(f"model.encoder.streaming attends over chunks (model.encoder.chunk_frames, left_context):"
-                             f" set model.encoder.attention_window 0, got {cfg.attention_window}")
         if checkpoint_every < 0:
             raise ValueError(f"model.checkpoint_every must be >= 0 (0 = off), got {checkpoint_every}")
         self.cfg, self.checkpoint_every = cfg, checkpoint_every
@@ -209,7 +213,7 @@ class StreamingEncoder(BlockStack):
             x, lengths = self.subsampling(feats, frames)  # (B, T', d)
         b, t = x.shape[:2]
         chunk, left = self.training_chunk() if self.training else self.chunk, self.cfg.left_context
-        mask = chunk_mask(lengths, t, chunk, left)
+        mask = chunk_mask(lengths, t, chunk, left, window=self.cfg.attention_window)
         first = chunk_mask(lengths, t, chunk, left, self.lookahead) if chunk and self.lookahead else mask
         keep = (torch.arange(t, device=x.device) < lengths[:, None]).unsqueeze(-1).to(x.dtype)  # (B, T', 1)
         turn = rotation(torch.arange(t, device=x.device).expand(b, t), self.d_model // self.cfg.n_heads)

@@ -199,14 +199,17 @@ def candidates_of(cli) -> list[Candidate]:
     lr = module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))]).param_groups[0]["lr"]
     batch = precision.probe_batch(module, cli.datamodule)
     found = []
-    for width in sorted({max(2 * heads, round(encoder.d_model * w / (2 * heads)) * 2 * heads) for w in WIDTHS}):
+    def rounded(width: float) -> int:  # a multiple of 2 x heads: heads of an even size (rotary pairs)
+        return max(2 * heads, round(width / (2 * heads)) * 2 * heads)
+
+    for width in sorted({rounded(encoder.d_model * w) for w in WIDTHS}):
         sized = ASRModule(tokenizer=module.tokenizer, optimizer=module.optimizer_factory,
                           **{**settings, "encoder": replace(encoder, d_model=width)})
         times = precision.measured_steps(sized, batch)
         step_s = min(t for k, t in times.items() if k != "cached")
         params = sum(p.numel() for p in sized.parameters())
-        own = width == max(2 * heads, round(encoder.d_model / (2 * heads)) * 2 * heads)  # WIDTHS' 1.0
-        found += [Candidate(width, lr * f, params, step_s, own and f == 1.0) for f in LR_FACTORS]
+        found += [Candidate(width, lr * f, params, step_s, width == rounded(encoder.d_model) and f == 1.0)
+                  for f in LR_FACTORS]
     return sorted(found, key=lambda c: not c.own)  # the recipe's own first (Search.rounds), the rest as they were
 
 
@@ -414,12 +417,14 @@ def table(record: dict) -> str:
     """The plan as the run prints it: one line per candidate."""
     lines = [f"budget {record['budget_seconds']:.0f} s: probe {record['probe_seconds']:.0f} s "
              f"({record['probe_share']:.0%} of the training time at most), winner trains {record['winner_seconds']:.0f} s",
-             f"{'candidate':<16} {'params':>9} {'s/step':>7} {'steps':>14} {'val loss':>22} {'predicted':>9}"]
+             f"{'candidate':<16} {'params':>9} {'s/step':>7} {'steps':>14} {'val loss':>22} {'val CER':>16} "
+             f"{'predicted':>9}"]
     for c in record["candidates"]:
         predicted = (f"{c['predicted_loss']:.3f}" if c["predicted_loss"] is not None
                      else "-" if c["name"] == record["chosen"] else "stopped" if c["steps"] else "not run")
         lines.append(f"{c['name']:<16} {c['params']:>9,} {c['step_s']:>7.3f} {'/'.join(map(str, c['steps'])):>14} "
-                     f"{'/'.join(f'{x:.3f}' for x in c['val_losses']):>22} {predicted:>9}")
+                     f"{'/'.join(f'{x:.3f}' for x in c['val_losses']):>22} "
+                     f"{'/'.join(f'{x:.2f}' for x in c.get('val_cers', [])):>16} {predicted:>9}")
     lines.append(f"chosen: {record['chosen']}: {record['why']}")
     return "\n".join(lines)
 

@@ -125,8 +125,9 @@ def test_the_choice_is_the_lowest_extrapolated_loss_not_the_lowest_loss_now():
 
 
 def rounds_with(first_cer: float) -> tuple[list[Probe], list[Probe], bool]:
-    """Search.rounds over six candidates whose runs are faked: each round adds 10 steps, 5 s and a loss (lower for
-    wider models), and validation CER ``first_cer`` for the recipe's own (run first), 0.9 for the others."""
+    """Search.rounds over six candidates whose runs are faked: each round reaches its planned step and adds 5 s and
+    a loss (lower for wider models), and validation CER ``first_cer`` for the recipe's own (run first), 0.9 for the
+    others."""
     search = object.__new__(budget.Search)
     found = candidates(0.1, 0.1, 0.1, 0.1, 0.1, 0.1)
     found[2] = replace(found[2], own=True)
@@ -173,12 +174,11 @@ def test_candidates_widen_the_recipes_model_and_raise_its_learning_rate(tmp_path
     assert small.params < large.params and all(c.step_s > 0 for c in found)
 
 
-@pytest.fixture(scope="module")
-def budgeted(tmp_path_factory):
-    """A budgeted run of two candidates (one width, two learning rates) on a slice of data/mini. A few steps leave
-    every model in CTC's blank stage, where the search stops after the recipe's own first round (``rounds_with``
-    above); here both run and the losses choose, as they do once a model writes."""
-    tmp = tmp_path_factory.mktemp("budget")
+def budget_run(tmp: Path, blank_stage: bool, seconds: str = "00:01:00") -> tuple[list[str], dict, int]:
+    """``asr.fit --budget SECONDS`` of two candidates (one width, two learning rates) on a slice of data/mini, in
+    ``tmp``: its arguments, its plan and the validations run outside the rounds. A few steps leave every model in
+    CTC's blank stage, where the search stops after the recipe's own first round; ``blank_stage`` False makes both
+    run and the losses choose, as they do once a model writes."""
     train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 60)
     dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 10)
     args = ["--trainer.logger.init_args.save_dir", str(tmp / "runs"), "--trainer.enable_progress_bar", "false",
@@ -187,7 +187,8 @@ def budgeted(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(budget, "WIDTHS", (1.0,))
         patch.setattr(budget, "MIN_PROBE_STEPS", 3)
-        patch.setattr(budget, "blank", lambda probe: False)
+        if not blank_stage:
+            patch.setattr(budget, "blank", lambda probe: False)
         patch.setattr(budget, "process_seconds", lambda: 0.0)  # the test's own process has run for minutes
         patch.setattr(precision, "measured_steps", lambda *a: {"32-true": 1.0, "bf16-mixed": math.inf})  # any CPU
         validations, validate = [], pl.Trainer.validate
@@ -196,9 +197,27 @@ def budgeted(tmp_path_factory):
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            record = main(["--budget", "00:01:00", *args])
+            record = main(["--budget", seconds, *args])
     assert not [w for w in caught if "args parameter" in str(w.message)]  # the runs' args are not beside sys.argv
-    return tmp, args, record, len(validations)
+    return args, record, len(validations)
+
+
+@pytest.fixture(scope="module")
+def budgeted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("budget")
+    return tmp, *budget_run(tmp, blank_stage=False)
+
+
+def test_a_budgeted_run_in_the_blank_stage_trains_the_recipes_own_model_on(tmp_path):
+    """The default path of a short budget: the recipe's own model runs its first round, writes nothing yet, and
+    continues with the rest of the time; the other candidate never runs."""
+    _, record, _ = budget_run(tmp_path, blank_stage=True, seconds="00:00:40")  # a shorter winner's run: CI time
+    own, other = record["candidates"]
+    assert own["own"] and record["chosen"] == own["name"] and "writes no character" in record["why"]
+    assert own["val_cers"] == [1.0] and other["steps"] == [] and other["val_losses"] == []
+    folder = Path(record["run_folder"])
+    assert "test/wer" in (folder / "metrics.csv").read_text() and (folder / "checkpoints" / "last.ckpt").is_file()
+    assert str(own["lr"]) in (folder / "config.yaml").read_text()
 
 
 def test_a_budgeted_run_probes_chooses_continues_and_tests(budgeted):

@@ -155,16 +155,13 @@ def config_args(study: Study) -> list[str]:
 def resolve_base(study: Study) -> dict:
     """The trials' shared asr.fit config, resolved by asr.fit itself (``--print_config``), in this process: it has
     imported what asr.fit needs already, and a process of its own would spend 5-6 s on the same imports."""
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = argv[:1]  # the arguments are the study's, not asr.fit's
-    try:
+    out, err = io.StringIO(), io.StringIO()
+    try:  # the arguments replace the command line (the study's own) as asr.train.fitting.build is given them
         with redirect_stdout(out), redirect_stderr(err):
             fit_command([*config_args(study), *study.fit_args, "--print_config"])
         stop = "asr.fit --print_config printed no config"
     except SystemExit as exit_:
         stop = exit_.code
-    finally:
-        sys.argv = argv
     if stop:  # a message of asr.fit's, or the parser's exit status after its own lines
         said = stop if isinstance(stop, str) else err.getvalue().strip()
         raise StudyError(f"fit_configs / fit_args do not make an asr.fit config:\n{said}")

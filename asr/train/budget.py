@@ -424,7 +424,7 @@ def table(record: dict) -> str:
                      else "-" if c["name"] == record["chosen"] else "stopped" if c["steps"] else "not run")
         lines.append(f"{c['name']:<16} {c['params']:>9,} {c['step_s']:>7.3f} {'/'.join(map(str, c['steps'])):>14} "
                      f"{'/'.join(f'{x:.3f}' for x in c['val_losses']):>22} "
-                     f"{'/'.join(f'{x:.2f}' for x in c.get('val_cers', [])):>16} {predicted:>9}")
+                     f"{'/'.join(f'{x:.2f}' for x in c['val_cers']):>16} {predicted:>9}")
     lines.append(f"chosen: {record['chosen']}: {record['why']}")
     return "\n".join(lines)
 

@@ -26,7 +26,12 @@ The run folder of the winner holds plan.json (candidates, each probe's steps, se
 choice and why) and, where matplotlib is installed, plan.png; the same table is printed. The probes' own folders
 are beside it (``<save_dir>/<name>/budget/``). A budget too small for six candidates to make ``MIN_PROBE_STEPS``
 steps each in the first round probes fewer (``fewer``: the recipe's width and the smaller one, then the recipe's
-width at both rates); one too small for two is refused, naming the smallest that would do.
+width at both rates); one too small for two is refused, naming the smallest that would do. The budget sets each
+run's max_time, max_steps and max_epochs itself: given on the command line they are refused (SET_BY_THE_BUDGET).
+
+Resume (``--ckpt_path last``) continues the winner from its newest readable last checkpoint (plan.json lists the
+folders it ran in), or, stopped before it wrote one, from the probe's it started with; a search stopped before it
+chose (no plan.json: each search removes an earlier one) starts again.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
+from asr.atomic import write_atomically
 from asr.settings import ConfigError
+from asr.train.resilience import last_checkpoints
 
 WIDTHS = (2 / 3, 1.0, 1.5)  # of the recipe's d_model: a smaller and a larger model than it, at its depth
 LR_FACTORS = (1.0, 2.0)  # of the recipe's peak lr: a shorter run learns more at a higher rate
@@ -50,6 +57,7 @@ PROBE_SHARE = 0.3  # at most this share of the training time goes to the candida
 MIN_PROBE_STEPS = 30  # a candidate's first round: fewer steps than this say nothing of how it learns
 RESERVE_SHARE = 0.03  # of the budget, kept back for the final test and the run's own start-up beyond the probes'
 PLAN = "plan.json"
+SET_BY_THE_BUDGET = ("--trainer.max_time", "--trainer.max_steps", "--trainer.max_epochs")  # each run's, sized by it
 
 
 @dataclass(frozen=True)
@@ -299,10 +307,12 @@ class Search:
         began = time.monotonic()
         self.base = fitting.build(args)
         self.build_seconds = time.monotonic() - began  # what each probe run pays again before its first step
-        logger = self.base.trainer.logger
-        self.save_dir, self.name = Path(logger.save_dir), logger.name
-        self.folder = self.save_dir / self.name / "budget"
+        self.folder = budget_folder(self.base)
+        self.save_dir, self.name = self.folder.parent.parent, self.folder.parent.name
         self.tokenizer = self.folder / "tokenizer.model"
+        if self.base.model.hparams.init_from:
+            raise ConfigError(f"--budget tries widths other than --model.init_from {self.base.model.hparams.init_from}'s:"
+                              " to fine-tune that model, train it with --trainer.max_time instead of --budget")
 
     def left(self) -> float:
         """Seconds of the budget not yet spent, less the reserve for the final test."""
@@ -316,8 +326,8 @@ class Search:
             train = self.left() - rounds * self.build_seconds
             try:
                 return candidates, schedule(train, candidates)
-            except BudgetTooSmall as small:
-                needed, why = self.budget - train + small.train_seconds, str(small)
+            except BudgetTooSmall as small:  # each second more of training needs 1 / (1 - reserve) of budget
+                needed, why = self.budget + (small.train_seconds - train) / (1 - RESERVE_SHARE), str(small)
         raise ConfigError(f"--budget {clock(self.budget)[3:]} is too small to choose a model in: {why}; the "
                           f"smallest budget that would do is about {clock(math.ceil(needed))[3:]} on this machine "
                           "(or train one model: --trainer.max_time)")
@@ -344,7 +354,8 @@ class Search:
         None: the winner's run, to the end of the time left."""
         began = time.monotonic()
         stop = StopAtStep(steps) if steps else None
-        cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks=[stop] if stop else [])
+        callbacks = [stop] if stop else [RunFolders(self.folder / PLAN)]
+        cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks, within_budget=True)
         if stop:
             metrics = cli.trainer.callback_metrics
             if stop.validated_at != cli.trainer.global_step or "val/loss" not in metrics:  # not validated at the stop
@@ -361,7 +372,9 @@ class Search:
     def search(self) -> dict:
         """The probe (successive halving), the choice and the winner's run; returns the plan as plan.json holds it."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.base.datamodule.tokenizer.save(self.tokenizer)
+        (self.folder / PLAN).unlink(missing_ok=True)  # an earlier search's: a resume follows this search's or none
+        with write_atomically(self.tokenizer) as partial:
+            self.base.datamodule.tokenizer.save(partial)
         candidates, plan = self.plan()
         probes = [Probe(c) for c in candidates]
         alive, undecided = self.rounds(probes, plan)
@@ -375,13 +388,14 @@ class Search:
                    f"(loss = b t^-c fitted to each survivor's probe)")
         record = self.record(candidates, plan, probes, winner, predicted, why)
         record["continue"] = self.arguments(winner, plan, final=True)[len(self.args):]  # what a resume runs again
-        (self.folder / PLAN).write_text(json.dumps(record, indent=1))
+        write_plan(self.folder / PLAN, record)
         self.say(table(record))
         self.run(winner, plan, None)
+        record = read_plan(self.folder / PLAN)  # with the winner's run folder (RunFolders)
         record["run_folder"] = self.final.trainer.log_dir
         record["spent_seconds"] = process_seconds()
         for folder in (self.folder, Path(self.final.trainer.log_dir)):
-            (folder / PLAN).write_text(json.dumps(record, indent=1))
+            write_plan(folder / PLAN, record)
         plot(record, Path(self.final.trainer.log_dir) / "plan.png")
         return record
 
@@ -403,10 +417,13 @@ class Search:
     def record(self, candidates, plan, probes, winner, predicted, why: str) -> dict:
         return {
             "budget_seconds": self.budget, "probe_share": PROBE_SHARE, "widths": WIDTHS, "lr_factors": LR_FACTORS,
+            "min_probe_steps": MIN_PROBE_STEPS, "reserve_share": RESERVE_SHARE,
             "t0_seconds": plan.t0, "probe_seconds": plan.probe_seconds, "winner_seconds": plan.winner_seconds,
+            "probe_wall_seconds": sum(p.wall for p in probes),
             "candidates": [{**asdict(p.candidate), "name": p.candidate.name, "steps": p.steps, "seconds": p.seconds,
                             "val_losses": p.losses, "val_cers": p.errors, "wall_seconds": p.wall,
                             "timed_step_s": timed.step_s,
+                            "fit_b_c": power_law(p.seconds, p.losses) if p.candidate.name in predicted else None,
                             "predicted_loss": predicted.get(p.candidate.name)} for p, timed in zip(probes, candidates)],
             "chosen": winner.candidate.name,
             "why": why,
@@ -444,24 +461,73 @@ def plot(record: dict, path: Path) -> None:
     axes.set(xlabel="training seconds", ylabel="validation loss", xscale="log", yscale="log")
     axes.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path)
+    with write_atomically(path) as partial:
+        figure.savefig(partial, format="png")
     plt.close(figure)
 
 
+def budget_folder(cli) -> Path:
+    """``<save_dir>/<name>/budget``: the probes' runs, the shared tokenizer and plan.json; ConfigError without a
+    logger (its folder is the run's)."""
+    logger = cli.trainer.logger
+    if logger is None:
+        raise ConfigError("--budget writes its probes and plan.json into the logger's folder: drop "
+                          "--trainer.logger false (or set trainer.logger.init_args.save_dir)")
+    return Path(logger.save_dir) / logger.name / "budget"
+
+
+def write_plan(path: Path, record: dict) -> None:
+    with write_atomically(path) as partial:
+        partial.write_text(json.dumps(record, indent=1))
+
+
+def read_plan(path: Path) -> dict:
+    """plan.json's record; ConfigError naming the file if it does not read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: not a budget's plan ({err}); remove the folder's budget/ to search again") from err
+
+
+class RunFolders(pl.Callback):
+    """Adds the winner's run folder to plan.json's ``run_folders`` as its training starts (each resume's version
+    too), so that a resume finds the winner's own last checkpoint, or knows it has none yet."""
+
+    def __init__(self, plan: Path):
+        self.plan = plan
+
+    def on_fit_start(self, trainer: pl.Trainer, *args) -> None:
+        if trainer.is_global_zero:
+            record = read_plan(self.plan)
+            record["run_folders"] = [*record.get("run_folders", []), trainer.log_dir]
+            write_plan(self.plan, record)
+
+
 def resume(args: list[str], budget: float) -> dict:
-    """``--budget ... --ckpt_path last``: continue the chosen run of the plan in the run folder, not the search."""
+    """``--budget ... --ckpt_path last``: continue the chosen run of the plan in the run folder, not the search: from
+    the winner's newest readable last checkpoint, or, if it wrote none yet, from the probe's it started with. With no
+    plan (the search did not finish) the search starts again."""
     from asr.train import fitting
 
-    logger = fitting.build(args).trainer.logger
-    plan_file = Path(logger.save_dir) / logger.name / "budget" / PLAN
-    if not plan_file.is_file():
-        raise ConfigError(f"--budget with --ckpt_path: no {plan_file} to continue (no budgeted run there)")
-    record = json.loads(plan_file.read_text())
-    again = record["continue"]
-    if "--ckpt_path" in again:  # the probe's checkpoint it started from: the resume's own --ckpt_path replaces it
+    folder = budget_folder(fitting.build(args))
+    at = next(i for i, a in enumerate(args) if a.split("=", 1)[0] == "--ckpt_path")
+    given = args[at].split("=", 1)[1] if "=" in args[at] else args[at + 1]
+    rest = args[:at] + args[at + (1 if "=" in args[at] else 2):]
+    if not (folder / PLAN).is_file():
+        print(f"--budget with --ckpt_path: no model was chosen yet (no {folder / PLAN}: the search did not finish); "
+              "the search starts again")
+        return Search(rest, budget).search()
+    record = read_plan(folder / PLAN)
+    again = list(record["continue"])  # with --ckpt_path of the probe's checkpoint the winner started from
+    if given == "last":
+        written = [c for run in record.get("run_folders", []) for c in last_checkpoints(Path(run))]
+        found = fitting.newest_readable(sorted(written, key=lambda c: c.stat().st_mtime_ns, reverse=True))
+        given = found or (again[again.index("--ckpt_path") + 1] if "--ckpt_path" in again else None)
+    if "--ckpt_path" in again:
         del again[again.index("--ckpt_path"):again.index("--ckpt_path") + 2]
-    print(f"--budget: continuing the chosen run, {record['chosen']} (plan: {plan_file})")
-    fitting.main([*args, *again])
+    print(f"--budget: continuing the chosen run, {record['chosen']} (plan: {folder / PLAN}), from {given}")
+    fitting.main([*rest, *again, *(["--ckpt_path", given] if given else [])], [RunFolders(folder / PLAN)],
+                 within_budget=True)
     return record
 
 
@@ -477,7 +543,12 @@ def split_args(args: list[str]) -> tuple[float | None, list[str]]:
 
 
 def main(budget: float, args: list[str]) -> dict:
-    """Train to ``budget`` seconds with asr.fit ``args``: the search, or with --ckpt_path the chosen run's resume."""
+    """Train to ``budget`` seconds with asr.fit ``args``: the search, or with --ckpt_path the chosen run's resume.
+    ConfigError for a flag the budget sets for each of its runs itself (SET_BY_THE_BUDGET)."""
+    given = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in SET_BY_THE_BUDGET]
+    if given:
+        raise ConfigError(f"--budget sizes each of its runs' {', '.join(SET_BY_THE_BUDGET)} itself: drop {given[0]} "
+                          "(or train one model for a time with --trainer.max_time instead of --budget)")
     if any(a == "--ckpt_path" or a.startswith("--ckpt_path=") for a in args):
         return resume(args, budget)
     return Search(args, budget).search()

@@ -387,21 +387,31 @@ def resolve_ckpt_path(cli: ASRCLI) -> str | None:
     if path != "last":
         return path
     run_folder = Path(logger.save_dir) / logger.name if logger else Path(cli.trainer.default_root_dir)
-    for candidate in last_checkpoints(run_folder):
+    found = newest_readable(last_checkpoints(run_folder), cli.trainer.print)
+    if found is None:
+        cli.trainer.print(f"--ckpt_path last: no readable last.ckpt under {run_folder}, starting anew")
+    return found
+
+
+def newest_readable(checkpoints: Sequence[Path], say=print) -> str | None:
+    """The first of ``checkpoints`` (newest first) that reads, said so; each one that does not is passed over, said
+    so (one cut short: a copy interrupted)."""
+    for candidate in checkpoints:
         try:
             read_checkpoint(str(candidate))
         except ConfigError as err:
-            cli.trainer.print(f"--ckpt_path last: passing over {candidate}: {str(err).split(': ', 1)[1]}")
+            say(f"--ckpt_path last: passing over {candidate}: {str(err).split(': ', 1)[1]}")
             continue
-        cli.trainer.print(f"--ckpt_path last: resuming from {candidate}")
+        say(f"--ckpt_path last: resuming from {candidate}")
         return str(candidate)
-    cli.trainer.print(f"--ckpt_path last: no readable last.ckpt under {run_folder}, starting anew")
     return None
 
 
-def main(args: list[str] | None = None, callbacks: Sequence[pl.Callback] = ()) -> ASRCLI | dict:
+def main(args: list[str] | None = None, callbacks: Sequence[pl.Callback] = (), within_budget: bool = False
+         ) -> ASRCLI | dict:
     """Build from ``args``, fit, then test the best checkpoint. Returns the CLI (its trainer, model, data), or with
-    ``--budget`` the plan (asr.train.budget). ``callbacks`` join the trainer's."""
+    ``--budget`` the plan (asr.train.budget). ``callbacks`` join the trainer's. ``within_budget``: a run of a
+    budget's (a probe's round, the winner), which a ``budget:`` in its --config does not start again."""
     seconds, rest = budget.split_args(sys.argv[1:] if args is None else args)
     if seconds is not None:
         return budget.main(seconds, rest)
@@ -412,7 +422,7 @@ def main(args: list[str] | None = None, callbacks: Sequence[pl.Callback] = ()) -
     if cli.config.budget_gpu_hours or cli.config.plan_only:
         raise ConfigError("--budget_gpu_hours and --plan_only plan a GPU run: python -m asr.fit --budget_gpu_hours H "
                           "--plan_only --data.train_shards S (on the command line, not in a config)")
-    if cli.config.budget:  # from a --config file: the command line's path
+    if cli.config.budget and not within_budget:  # from a --config file: the command line's path
         return budget.main(budget.parse_budget(cli.config.budget), [a for a in (args or sys.argv[1:])])
     cli.trainer.callbacks.extend(callbacks)
     check_training(cli)

@@ -225,7 +225,8 @@ def requeue_slurm_job() -> None:
 
 def last_checkpoints(run_folder: Path) -> list[Path]:
     """The ``last*.ckpt`` files (or FSDP's folders) under ``run_folder`` (``<save_dir>/<name>``), any version (or,
-    run without a logger, in ``run_folder/checkpoints``), the most recently written first."""
+    run without a logger or given one version's folder, in ``run_folder/checkpoints``), the most recently written
+    first."""
     found = [*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt")]
     return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 

@@ -8,9 +8,11 @@ import math
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
+import torch
 
 from asr.settings import ConfigError
 from asr.train import budget, precision
@@ -174,16 +176,20 @@ def test_candidates_widen_the_recipes_model_and_raise_its_learning_rate(tmp_path
     assert small.params < large.params and all(c.step_s > 0 for c in found)
 
 
-def budget_run(tmp: Path, blank_stage: bool, seconds: str = "00:01:00") -> tuple[list[str], dict, int]:
+def budget_run(tmp: Path, blank_stage: bool, seconds: str = "00:01:00", in_config: bool = False
+               ) -> tuple[list[str], dict, int]:
     """``asr.fit --budget SECONDS`` of two candidates (one width, two learning rates) on a slice of data/mini, in
     ``tmp``: its arguments, its plan and the validations run outside the rounds. A few steps leave every model in
     CTC's blank stage, where the search stops after the recipe's own first round; ``blank_stage`` False makes both
-    run and the losses choose, as they do once a model writes."""
+    run and the losses choose, as they do once a model writes. ``in_config``: the budget from a --config file."""
     train = slice_manifest(MINI / "train.jsonl", tmp / "train.jsonl", 60)
     dev = slice_manifest(MINI / "dev.jsonl", tmp / "dev.jsonl", 10)
     args = ["--trainer.logger.init_args.save_dir", str(tmp / "runs"), "--trainer.enable_progress_bar", "false",
             "--data.num_workers", "0", *TINY, "--data.train_manifest", str(train), "--data.val_manifest", str(dev),
             "--data.test_manifest", str(dev), "--data.max_batch_seconds", "8"]
+    if in_config:
+        (tmp / "budget.yaml").write_text(f'budget: "{seconds}"\n')
+    given = ["--config", str(tmp / "budget.yaml")] if in_config else ["--budget", seconds]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(budget, "WIDTHS", (1.0,))
         patch.setattr(budget, "MIN_PROBE_STEPS", 3)
@@ -197,7 +203,7 @@ def budget_run(tmp: Path, blank_stage: bool, seconds: str = "00:01:00") -> tuple
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            record = main(["--budget", seconds, *args])
+            record = main([*given, *args])
     assert not [w for w in caught if "args parameter" in str(w.message)]  # the runs' args are not beside sys.argv
     return args, record, len(validations)
 
@@ -210,8 +216,9 @@ def budgeted(tmp_path_factory):
 
 def test_a_budgeted_run_in_the_blank_stage_trains_the_recipes_own_model_on(tmp_path):
     """The default path of a short budget: the recipe's own model runs its first round, writes nothing yet, and
-    continues with the rest of the time; the other candidate never runs."""
-    _, record, _ = budget_run(tmp_path, blank_stage=True, seconds="00:00:40")  # a shorter winner's run: CI time
+    continues with the rest of the time; the other candidate never runs. The budget is a --config file's (`budget:`),
+    which its own runs do not start again."""
+    _, record, _ = budget_run(tmp_path, blank_stage=True, seconds="00:00:40", in_config=True)  # shorter: CI time
     own, other = record["candidates"]
     assert own["own"] and record["chosen"] == own["name"] and "writes no character" in record["why"]
     assert own["val_cers"] == [1.0] and other["steps"] == [] and other["val_losses"] == []
@@ -245,6 +252,7 @@ def test_a_budgeted_run_resumes_the_chosen_run_not_the_search(budgeted, capsys):
     main(["--budget", "00:01:00", *args, "--ckpt_path", "last"])
     out = capsys.readouterr().out
     assert f"continuing the chosen run, {record['chosen']}" in out
+    assert f"from {Path(record['run_folder']) / 'checkpoints'}" in out  # the winner's own, not a probe's
     assert not (tmp / "runs" / "default" / "budget" / "d64-lr0.001" / "version_1").exists()  # no probe ran again
 
 
@@ -260,3 +268,76 @@ def test_a_smaller_budget_probes_fewer_candidates_the_cheaper_ones_first():
     sets = budget.fewer(found, 96)
     assert [len(s) for s in sets] == [6, 4, 2]
     assert {c.d_model for c in sets[1]} == {64, 96} and {c.d_model for c in sets[2]} == {96}
+
+
+def test_flags_the_budget_sets_for_each_run_are_refused_by_name():
+    from asr.train.fitting import main
+
+    for flag in ("--trainer.max_time", "--trainer.max_steps", "--trainer.max_epochs"):
+        with pytest.raises(ConfigError, match=f"drop {flag}"):
+            main(["--budget", "00:05:00", flag, "10"])
+    with pytest.raises(ConfigError, match="drop --trainer.max_steps"):
+        main(["--budget=300", "--trainer.max_steps=10"])
+
+
+def test_a_budget_without_a_run_folder_or_from_another_models_weights_is_refused(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="--trainer.logger false"):
+        budget.budget_folder(SimpleNamespace(trainer=SimpleNamespace(logger=None)))
+    from asr.train import fitting
+
+    built = SimpleNamespace(trainer=SimpleNamespace(logger=SimpleNamespace(save_dir=str(tmp_path), name="run")),
+                            model=SimpleNamespace(hparams=SimpleNamespace(init_from="base.ckpt")))
+    monkeypatch.setattr(fitting, "build", lambda args: built)
+    with pytest.raises(ConfigError, match="--model.init_from base.ckpt"):
+        budget.Search([], 300.0)
+
+
+def test_the_smallest_budget_named_is_enough(monkeypatch):
+    """The budget a refusal names affords the probe: the reserve is a share of the budget, not of what was asked."""
+    monkeypatch.setattr(budget, "process_seconds", lambda: 20.0)
+    monkeypatch.setattr(budget, "candidates_of", lambda base: candidates(0.5, 0.5))
+    search = object.__new__(budget.Search)
+    search.build_seconds, search.budget = 5.0, 30.0
+    search.base = SimpleNamespace(model=SimpleNamespace(hparams=SimpleNamespace(encoder={"d_model": 64})))
+    with pytest.raises(ConfigError, match="smallest budget") as refused:
+        search.plan()
+    search.budget = budget.parse_budget(str(refused.value).rsplit("about ", 1)[1].split()[0])
+    _, plan = search.plan()  # no refusal: the first round has its steps
+    assert plan.t0 >= budget.MIN_PROBE_STEPS * 0.5
+
+
+def resume_in(tmp: Path, monkeypatch, plan: dict | None) -> list[str]:
+    """budget.resume of ``--ckpt_path last`` in a run folder ``tmp/run`` holding ``plan`` (None: no plan.json):
+    the arguments of the run it continues (asr.fit's main faked), or ["search"] if the search starts again."""
+    from asr.train import fitting
+
+    built = SimpleNamespace(trainer=SimpleNamespace(logger=SimpleNamespace(save_dir=str(tmp), name="run")))
+    monkeypatch.setattr(fitting, "build", lambda args: built)
+    ran = []
+    monkeypatch.setattr(fitting, "main", lambda args, callbacks=(), within_budget=False: ran.extend(args))
+    monkeypatch.setattr(budget, "Search", lambda args, seconds: SimpleNamespace(search=lambda: ran.append("search")))
+    (tmp / "run" / "budget").mkdir(parents=True)
+    if plan is not None:
+        budget.write_plan(tmp / "run" / "budget" / budget.PLAN, plan)
+    budget.resume(["--seed_everything", "1", "--ckpt_path", "last"], 300.0)
+    return ran
+
+
+def test_a_resume_before_the_winner_wrote_a_checkpoint_starts_from_its_probe_not_another_run(monkeypatch, tmp_path):
+    """Stopped before the choice, the search starts again; stopped after it but before the winner's first checkpoint,
+    the winner starts from the probe's weights it was chosen with, not from another run's last.ckpt in the folder;
+    once it wrote one, from its own."""
+    assert resume_in(tmp_path / "a", monkeypatch, None) == ["search"]
+    other = tmp_path / "b" / "run" / "version_0" / "checkpoints"
+    other.mkdir(parents=True)
+    (other / "last.ckpt").write_bytes(b"an earlier run of the folder")
+    winner = tmp_path / "b" / "run" / "version_1"
+    plan = {"chosen": "d64-lr0.001", "continue": ["--model.encoder.d_model", "64", "--ckpt_path", "probe/last.ckpt"],
+            "run_folders": [str(winner)]}
+    ran = resume_in(tmp_path / "b", monkeypatch, plan)
+    assert ran[ran.index("--ckpt_path") + 1] == "probe/last.ckpt" and ran.count("--ckpt_path") == 1
+    assert ran[:2] == ["--seed_everything", "1"] and "--model.encoder.d_model" in ran
+    (winner / "checkpoints").mkdir(parents=True)
+    torch.save({"state_dict": {}}, winner / "checkpoints" / "last.ckpt")
+    ran = resume_in(tmp_path / "c", monkeypatch, plan)
+    assert ran[ran.index("--ckpt_path") + 1] == str(winner / "checkpoints" / "last.ckpt")

@@ -129,16 +129,26 @@ def streaming_model(model: Any) -> StreamingModel:
                      "--model.features.norm global or running (configs/recipes/demo-streaming.yaml), or it is an exported .pt2")
 
 
+CHUNK_FLAGS = "--stream_chunk of asr.transcribe --stream, --chunk_seconds of asr.serve, a start message's chunk_seconds"
+MAX_CHUNK_SECONDS = 2.0  # the longest chunk a stream may ask for: a server's round steps every stream's chunk at
+# once, so one stream's long chunk holds up the others (3600 s: an hour of audio kept, then one step); the models
+# train at chunks up to model.encoder.max_chunk_frames (640 ms for the recipes), and a chunk is the latency
+
+
 def chunk_frames(model: StreamingModel, chunk_seconds: float | None) -> int:
-    """Encoder frames per chunk: ``chunk_seconds`` (a whole number of the model's frames), or the model's own."""
+    """Encoder frames per chunk: ``chunk_seconds`` (a whole number of the model's frames, at most MAX_CHUNK_SECONDS),
+    or the model's own. ValueError naming the flags that give it (CHUNK_FLAGS) for any other."""
     if chunk_seconds is None:
         if model.chunk_frames < 1:
-            raise ValueError("model.encoder.chunk_frames is 0 (full context): give a chunk (--stream_chunk)")
+            raise ValueError(f"model.encoder.chunk_frames is 0 (full context): give a chunk ({CHUNK_FLAGS})")
         return model.chunk_frames
+    if not 0 < chunk_seconds <= MAX_CHUNK_SECONDS:  # also NaN and infinity
+        raise ValueError(f"a chunk of {chunk_seconds!r} s ({CHUNK_FLAGS}) must be over 0 and at most "
+                         f"{MAX_CHUNK_SECONDS:g} s")
     frames = chunk_seconds / model.frame_seconds
     if round(frames) < 1 or abs(frames - round(frames)) > 1e-6:
-        raise ValueError(f"a chunk of {chunk_seconds:g} s (--stream_chunk, a start message's chunk_seconds) must be "
-                         f"a whole number of the model's {model.frame_seconds:g} s frames")
+        raise ValueError(f"a chunk of {chunk_seconds:g} s ({CHUNK_FLAGS}) must be a whole number of the model's "
+                         f"{model.frame_seconds:g} s frames")
     return round(frames)
 
 
@@ -148,9 +158,12 @@ class Session:
 
     def __init__(self, transcriber: "Transcriber", model: StreamingModel, chunk: int,
                  endpoint_seconds: float = ENDPOINT_SECONDS, max_segment_seconds: float = MAX_SEGMENT_SECONDS):
-        if endpoint_seconds <= 0 or max_segment_seconds < 2 * model.frame_seconds:
-            raise ValueError(f"--endpoint_seconds must be > 0 and --max_segment_seconds at least 2 frames, got "
-                             f"{endpoint_seconds:g} and {max_segment_seconds:g}")
+        if not 0 < endpoint_seconds < float("inf"):  # also NaN
+            raise ValueError(f"--endpoint_seconds (of asr.transcribe --stream and asr.serve) must be > 0 and finite, "
+                             f"got {endpoint_seconds:g}")
+        if not max_segment_seconds >= 2 * model.frame_seconds:
+            raise ValueError(f"max_segment_seconds (Transcriber.open_stream's) must be at least 2 of the model's "
+                             f"{model.frame_seconds:g} s frames, got {max_segment_seconds:g}")
         self.transcriber, self.model, self.chunk = transcriber, model, chunk
         self.endpoint = max(1, round(endpoint_seconds / model.frame_seconds))  # encoder frames
         self.longest = max(2, round(max_segment_seconds / model.frame_seconds))

@@ -131,6 +131,28 @@ def test_a_chunk_is_whole_frames_of_the_model(streaming_transcriber):
     assert streaming_transcriber.open_stream().chunk == 2  # the model's model.encoder.chunk_frames
 
 
+@pytest.mark.parametrize("seconds", [3600, float("inf"), float("nan"), 10 ** 400, 0, -0.08],
+                         ids=["an hour", "infinite", "nan", "past floats", "zero", "negative"])
+def test_a_chunk_too_long_or_not_a_length_is_refused_naming_both_commands_flags(streaming_transcriber, seconds):
+    """Past MAX_CHUNK_SECONDS (an hour would be kept, then stepped at once), infinite, NaN, too large for a float, or
+    not positive: a ValueError (never an OverflowError) naming asr.transcribe's and asr.serve's flags."""
+    with pytest.raises(ValueError, match="--stream_chunk of asr.transcribe --stream, --chunk_seconds of asr.serve"):
+        streaming_transcriber.open_stream(chunk_seconds=seconds)
+    assert streaming_transcriber.open_stream(chunk_seconds=2.0).chunk == 50  # MAX_CHUNK_SECONDS of 40 ms frames
+
+
+def test_stream_options_are_refused_naming_the_flags_that_exist(streaming_transcriber, char_tokenizer):
+    with pytest.raises(ValueError, match=r"--endpoint_seconds \(of asr.transcribe --stream and asr.serve\) must be > 0"):
+        streaming_transcriber.open_stream(endpoint_seconds=0.0)
+    with pytest.raises(ValueError, match=r"^max_segment_seconds \(Transcriber.open_stream's\) must be at least 2 "):
+        streaming_transcriber.open_stream(max_segment_seconds=0.04)
+    full_context = ToneStream(char_tokenizer)
+    full_context.chunk_frames = 0
+    with pytest.raises(ValueError, match=r"chunk_frames is 0 \(full context\): give a chunk \(--stream_chunk of "
+                                         r"asr.transcribe --stream, --chunk_seconds of asr.serve"):
+        Transcriber(full_context).open_stream()
+
+
 @pytest.mark.parametrize("objective", ["transducer", "hybrid"])
 def test_a_streaming_transducer_decodes_the_token_ids_of_the_whole_file(char_tokenizer, objective):
     """Decoding goes through the model's objective: a streaming transducer's (and the hybrid's) stream gives the

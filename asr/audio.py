@@ -2,8 +2,9 @@
 into frames is part of the model (asr.models.features).
 
 ``AudioFile`` is a file open for reading in pieces, mixed to mono float32 (n,); ``load_audio`` reads one span of it;
-``resample`` uses torchaudio's sinc filter, ``StreamResampler`` the same piece by piece; ``frame_samples`` is samples
-per encoder frame. An utterance's audio is read through asr.data.sources, which names its manifest line too.
+``resample`` uses torchaudio's sinc filter, ``StreamResampler`` the same piece by piece (``check_resampling`` refuses
+a rate pair whose filter would take gigabytes: 16001 -> 16000 Hz); ``frame_samples`` is samples per encoder frame.
+An utterance's audio is read through asr.data.sources, which names its manifest line too.
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tenso
     if from_rate == to_rate:
         return samples
     return resampler(from_rate, to_rate, samples.dtype)(samples)
+
+
+def check_resampling(from_rate: int, to_rate: int, name: str) -> None:
+    """Raise AudioError naming ``name`` if resampling ``from_rate`` to ``to_rate`` Hz needs a sinc filter of more than
+    MAX_FILTER values: torchaudio's holds about (from_rate / gcd) x (to_rate / gcd) of them, built at once."""
+    g = math.gcd(from_rate, to_rate)
+    values = (from_rate // g) * (to_rate // g)
+    if values > MAX_FILTER:
+        raise AudioError(f"{name}: {from_rate} Hz cannot be resampled to {to_rate} Hz here: the ratio {to_rate // g}/"
+                         f"{from_rate // g} needs a filter of {values:,} values (at most {MAX_FILTER:,}); give a "
+                         f"common rate (8000, 16000, 44100, 48000 Hz, ...)")
+
+
+MAX_FILTER = 1_000_000  # resampling filter values (8 MB in float64): the common rates (8000, 11025, 16000, 22050,
+# 24000, 32000, 44100, 48000, 96000 Hz) to 8 or 16 kHz need at most 441 x 640 (11025 -> 16000 Hz); 16001 -> 16000
+# Hz would need 256 million (2 GB)
 
 
 class StreamResampler:

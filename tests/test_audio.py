@@ -4,7 +4,7 @@ import soundfile
 import torch
 import torchaudio.functional as AF
 
-from asr.audio import AudioError, fast_fft_length, load_audio, resample
+from asr.audio import AudioError, check_resampling, fast_fft_length, load_audio, resample
 
 
 def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
@@ -90,3 +90,14 @@ def test_a_stream_resampled_in_pieces_is_the_whole_resampled(rates):
         at += size
     pieces.append(convert(audio[:0], final=True))
     torch.testing.assert_close(torch.cat(pieces), resample(audio, *rates), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_rate", [8000, 16000])
+def test_every_common_rate_may_be_resampled_and_an_odd_one_is_refused_naming_the_input(model_rate):
+    """A rate pair whose sinc filter would take gigabytes (16001 -> 16000 Hz: 256 million values, built at once) is
+    refused before any filter is made, naming the input; the rates of real audio all pass."""
+    for rate in (4000, 8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96000, 192000):
+        check_resampling(rate, model_rate, "call.wav")
+    for rate in (16001, 191999, 44101):
+        with pytest.raises(AudioError, match=f"^call.wav: {rate} Hz cannot be resampled to {model_rate} Hz"):
+            check_resampling(rate, model_rate, "call.wav")

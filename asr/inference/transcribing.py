@@ -63,18 +63,19 @@ from asr.inference.inputs import check_all, collect, in_order
 from asr.inference.live import Printer, file_pieces, paced, pcm_pieces
 from asr.inference.output import Sink, open_sink, to_stdout
 from asr.inference.result import Result
-from asr.inference.streaming import ENDPOINT_SECONDS
+from asr.inference.streaming import ENDPOINT_SECONDS, MAX_CHUNK_SECONDS
 from asr.inference.transcriber import ON_ERROR, Transcriber
 from asr.models.ctc_decoding import Decoder
 from asr.models.objectives import CTC
 from asr.scoring import score, score_line
 
-EXIT_OK, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2  # see EXIT_CODES
+EXIT_OK, EXIT_PARTIAL, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 130  # see EXIT_CODES
 EXIT_CODES = """exit codes:
   0  every input was transcribed (in this run, or already in --output / --output_dir)
   1  some inputs failed (each named on stderr, and a row with "error" in JSONL output); the others were transcribed
   2  nothing was transcribed: every input failed, --on_error stop met a bad input, or a flag, the checkpoint
-     or the output cannot be used"""
+     or the output cannot be used
+  130  interrupted (Ctrl-C); with --stream, after the final line of the stream so far"""
 
 
 
@@ -116,7 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(-: raw at the model's rate, or with a WAV header) or an audio file, printing partial and final lines")
     add("--realtime", action="store_true", help="--stream FILE: replay the file at real speed, not as fast as it can")
     add("--stream_chunk", type=float, metavar="SECONDS", help="--stream: audio per encoder step, a whole number "
-        "of the model's frames: the latency (default: the model's model.encoder.chunk_frames)")
+        f"of the model's frames, at most {MAX_CHUNK_SECONDS:g} s: the latency (default: the model's "
+        "model.encoder.chunk_frames)")
     add("--endpoint_seconds", type=float, default=ENDPOINT_SECONDS,
         help="--stream: silence after words that ends a segment with a final line")
     args = parser.parse_args(argv)
@@ -193,15 +195,21 @@ def stream_all(args: argparse.Namespace) -> int:
     else:
         pieces = file_pieces(args.stream, transcriber.sample_rate)
         pieces = paced(pieces, transcriber.sample_rate) if args.realtime else pieces
-    show, start = Printer(args.format, sys.stdout), time.perf_counter()
-    for piece in pieces:
-        for update in session.feed(piece):
-            show(update)
+    show, start, interrupted = Printer(args.format, sys.stdout), time.perf_counter(), False
+    try:
+        for piece in pieces:
+            for update in session.feed(piece):
+                show(update)
+    except KeyboardInterrupt:  # Ctrl-C ends the stream where it is: its last segment still gets its final line
+        interrupted = True
     for update in session.finish():
         show(update)
     elapsed = time.perf_counter() - start
     print(f"{session.seconds:.1f} s of audio in {elapsed:.2f} s: real-time factor "
           f"{elapsed / max(session.seconds, 1e-9):.4f}; {show.finals} final lines", file=sys.stderr)
+    if interrupted:
+        print("interrupted: the stream ended with the audio read so far (its final lines are above)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 
@@ -269,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:  # the checkpoint, an option or the output cannot be used
         print(f"python -m asr.transcribe: error: {err}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # a stream catches its own (stream_all): a second Ctrl-C while it finishes lands here
+        print("interrupted" if args.stream else "interrupted: run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def run() -> None:

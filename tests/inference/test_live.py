@@ -1,13 +1,21 @@
 """``python -m asr.transcribe --stream`` (asr.inference.live): 16-bit PCM from standard input, raw or with a WAV header
-at another rate, or a file replayed; partial and final lines that say what Transcriber.stream says; clear refusals."""
+at another rate (its data size honoured), or a file replayed; partial and final lines that say what Transcriber.stream
+says; Ctrl-C that still prints the last final line; clear refusals."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import os
+import signal
+import struct
+import subprocess
 import sys
+import termios
 import threading
+import time
 import wave
 
 import numpy as np
@@ -19,8 +27,11 @@ from asr.audio import resample
 from asr.inference.live import paced, pcm_pieces
 from asr.inference.transcriber import Transcriber
 from asr.inference.transcribing import main
+from tests import REPO
 from tests.conftest import save_checkpoint
 from tests.streams import RATE, speech_and_pauses, streaming_module
+
+TIMEOUT = 60.0  # seconds a test waits for a process at each step
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +180,93 @@ def test_a_real_pipe_is_read_as_it_fills(streaming_checkpoint, monkeypatch, caps
                 if u.final]
     assert [line.split("\t")[3] for line in captured.out.splitlines() if line.startswith("final")] == expected
     assert "6.0 s of audio" in captured.err
+
+
+def test_a_wav_header_s_data_size_is_honoured_unless_a_pipe_writer_left_it_open():
+    """A complete WAV with a LIST chunk after its data: only the data is audio. With the size a pipe's writer leaves
+    (0 or 2^32 - 1) everything to the end is read, as it must be for sox or arecord writing to a pipe."""
+    audio = (np.random.default_rng(0).standard_normal(1600) * 3000).astype("<i2")
+    data = wav(audio, RATE) + b"LIST" + struct.pack("<I", 400) + bytes(range(200)) * 2
+    samples = np.concatenate(list(pcm_pieces(io.BytesIO(data), "pipe", RATE)))
+    np.testing.assert_allclose(samples, audio.astype(np.float32) / 32768, atol=1e-7)
+    size_at = data.index(b"data") + 4
+    for open_size in (0, 0xFFFFFFFF):
+        streamed = data[:size_at] + struct.pack("<I", open_size) + data[size_at + 4:]
+        samples = np.concatenate(list(pcm_pieces(io.BytesIO(streamed), "pipe", RATE)))
+        assert len(samples) == len(audio) + 408 // 2  # the LIST chunk, read as audio: nothing said where it ends
+
+
+def test_a_short_fmt_chunk_or_a_rate_too_odd_to_resample_ends_in_one_line_naming_the_input(
+        streaming_checkpoint, monkeypatch, capsys, tmp_path):
+    short_fmt = b"RIFF" + struct.pack("<I", 28) + b"WAVE" + b"fmt " + struct.pack("<I", 8) + bytes(8) + b"data" + bytes(4)
+    _, err = run_stream(monkeypatch, capsys, short_fmt, "--checkpoint", str(streaming_checkpoint), "--stream", "-",
+                        exit_code=2)
+    assert err.splitlines() == [
+        "python -m asr.transcribe: error: standard input: a WAV fmt chunk of 8 bytes (PCM's has 16)"]
+    odd = wav(np.zeros(1600, "<i2"), 16001)  # 16001 -> 16000 Hz would build a resampling filter of 2 GB
+    _, err = run_stream(monkeypatch, capsys, odd, "--checkpoint", str(streaming_checkpoint), "--stream", "-",
+                        exit_code=2)
+    assert err.startswith("python -m asr.transcribe: error: standard input: 16001 Hz cannot be resampled to 16000 Hz")
+    assert len(err.splitlines()) == 1
+    path = tmp_path / "odd.wav"  # a file replayed: the same rule, naming it
+    soundfile.write(path, np.zeros(1600, np.float32), 16001, subtype="PCM_16")
+    assert main(["--checkpoint", str(streaming_checkpoint), "--stream", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"python -m asr.transcribe: error: {path}: 16001 Hz cannot be resampled")
+
+
+class Interrupted(io.BytesIO):
+    """Standard input that gives its bytes, then Ctrl-C (KeyboardInterrupt) where a pipe would wait for more."""
+
+    def read1(self, size=-1):
+        data = super().read1(size)
+        if not data:
+            raise KeyboardInterrupt
+        return data
+
+
+def test_ctrl_c_ends_a_stream_with_the_final_line_of_its_last_segment(streaming_checkpoint, monkeypatch, capsys):
+    audio = speech_and_pauses()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(Interrupted(pcm(audio))))
+    assert main(["--checkpoint", str(streaming_checkpoint), "--stream", "-", "--endpoint_seconds", "0.4"]) == 130
+    captured = capsys.readouterr()
+    heard = torch.from_numpy(np.frombuffer(pcm(audio), "<i2").astype(np.float32) / 32768)
+    expected = [u.text for u in Transcriber.from_checkpoint(streaming_checkpoint).stream([heard], endpoint_seconds=0.4)
+                if u.final]
+    assert [line.split("\t")[3] for line in captured.out.splitlines() if line.startswith("final")] == expected
+    assert captured.out.splitlines()[-1].startswith("final\t") and "6.0 s of audio" in captured.err
+    assert captured.err.splitlines()[-1].startswith("interrupted: the stream ended") and "again" not in captured.err
+
+
+def unread(pipe) -> int:
+    """Bytes written to ``pipe`` that its reader has not read yet (FIONREAD, which Linux answers on either end)."""
+    return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def test_ctrl_c_on_the_documented_command_prints_the_last_final_and_exits_130(streaming_checkpoint):
+    """``... | python -m asr.transcribe --checkpoint C --stream -``, then Ctrl-C (SIGINT, as a terminal sends it) once
+    the process has read all the audio: its last segment's final line, exit status 130, no advice to resume."""
+    data = pcm(speech_and_pauses())
+    process = subprocess.Popen([sys.executable, "-m", "asr.transcribe", "--checkpoint", str(streaming_checkpoint),
+                                "--stream", "-", "--format", "jsonl"], cwd=REPO, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=False,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored
+    writer = threading.Thread(target=lambda: (process.stdin.write(data), process.stdin.flush()), daemon=True)
+    try:
+        writer.start()
+        deadline = time.monotonic() + TIMEOUT
+        while (writer.is_alive() or unread(process.stdin)) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # the last 0.1 s piece read is stepped (milliseconds); then the process waits on its pipe
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=TIMEOUT)
+        out, err = (stream.read().decode() for stream in (process.stdout, process.stderr))
+    finally:
+        process.kill()
+        process.wait(timeout=TIMEOUT)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            with contextlib.suppress(OSError):
+                pipe.close()
+    assert process.returncode == 130, err[-2000:]
+    last = json.loads(out.splitlines()[-1])
+    assert last["type"] == "final" and last["end"] >= 5.9 and last["text"]  # the segment that ends the audio
+    assert "6.0 s of audio" in err and "Traceback" not in err and "run the same command again" not in err

@@ -8,16 +8,18 @@ One connection is one stream, in the JSON protocol of docs/streaming-protocol.md
 server answers with a ready message, then partial and final results (asr.inference.streaming.Update.to_json) as
 they are known, and closes the connection (code 1000) after the last final. Each checkpoint must be a streaming
 model (--model.encoder.streaming); a client's rate picks the model of that rate, else one it is resampled to
-(``model_for``). Past ``max_streams`` open streams a new connection gets an error message and close code 1013 (try
-again later); a client that goes away mid-stream just ends its stream.
+(``model_for``; a rate that needs a huge resampling filter, such as 16001 Hz, is refused: asr.audio.check_resampling).
+Past ``max_streams`` open streams a new connection gets an error message and close code 1013 (try again later); a
+client that goes away mid-stream just ends its stream.
 
 The model runs in rounds, in one thread of its own: the event loop only moves messages, adding each stream's audio
 to what it has waiting. When a stream has the audio that completes its next chunk (or has ended) and the model
 thread is free, a round takes the audio waiting in every such stream (at most ROUND_SECONDS of each) and steps them
-all together (asr.inference.batched): one
-encoder step over every stream that completed a chunk, whatever its position, so that N streams cost about one
-step of a batch of N per chunk instead of N steps. Rounds follow each other as long as audio waits: the busier the
-server, the more streams each round holds. Torch runs ``threads`` threads in that thread (default: the usable
+all together (asr.inference.batched): one encoder step over every stream that completed a chunk, whatever its
+position, so that N streams cost about one step of a batch of N per chunk instead of N steps. Rounds follow each
+other as long as audio waits: the busier the server, the more streams each round holds. A stream with more than
+BACKLOG_SECONDS waiting is not read until a round takes some (backpressure): a client sending faster than real time
+holds seconds of memory, not its whole audio. Torch runs ``threads`` threads in that thread (default: the usable
 cores less the one the event loop, the websockets and the streams' decoding need).
 """
 
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import sys
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,10 +41,10 @@ import torch
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from asr.audio import StreamResampler
+from asr.audio import StreamResampler, check_resampling
 from asr.hardware import usable_cores
 from asr.inference.batched import feed_together
-from asr.inference.streaming import ENDPOINT_SECONDS, Session, Update
+from asr.inference.streaming import ENDPOINT_SECONDS, MAX_CHUNK_SECONDS, Session, Update
 from asr.inference.transcriber import Transcriber
 
 PORT = 2700  # the default port (Vosk's; sherpa's servers take 6006)
@@ -49,6 +52,8 @@ START_SECONDS = 10.0  # a connection that has not sent its start message by then
 MIN_RATE, MAX_RATE = 4000, 192000  # sample rates a client may stream at
 ROUND_SECONDS = 1.0  # the most audio of one stream a round takes: a client sending faster than real time is served
 # a second at a time instead of holding up the rounds of the real-time ones
+BACKLOG_SECONDS = 5.0  # audio of one stream waiting for rounds past which its connection is not read until a round
+# takes some (backpressure: a client sending an hour as fast as it can holds seconds of it here, not the hour)
 NORMAL, UNACCEPTABLE, INTERNAL, TRY_AGAIN_LATER = 1000, 1008, 1011, 1013  # close codes (RFC 6455, IANA's 1013)
 
 
@@ -74,28 +79,44 @@ class Stream:
     resampler: StreamResampler | None
     rate: int  # the client's sample rate
     results: asyncio.Queue = field(default_factory=asyncio.Queue)  # (Updates, last) of each round, or StreamFailed
-    pending: list[np.ndarray] = field(default_factory=list)  # (n,) int16 pieces no round has taken yet
+    pending: deque[np.ndarray] = field(default_factory=deque)  # (n,) int16 pieces no round has taken yet, in order
     waiting: int = 0  # samples in pending
     wanted: int = 0  # samples (at the client's rate, at most) that complete the next chunk, as of the last round
     ended: bool = False  # the end message came
     finished: bool = False  # a round took its last audio
+    taken: asyncio.Event = field(default_factory=asyncio.Event)  # set by each round that takes some of pending
 
     def add(self, pcm: np.ndarray) -> None:
-        self.pending.append(pcm)
-        self.waiting += len(pcm)
+        if len(pcm):  # an empty message adds nothing: pending holds no empty piece that would keep a stream unfinished
+            self.pending.append(pcm)
+            self.waiting += len(pcm)
 
     @property
     def due(self) -> bool:
         """Whether the next round has something of this stream to do: its end, or audio that completes a chunk."""
         return not self.finished and (self.ended or (self.waiting > 0 and self.waiting >= self.wanted))
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether more than BACKLOG_SECONDS wait (and more than the next chunk wants, so the stream is due): its
+        connection is not read until a round takes some."""
+        return self.waiting > max(self.wanted, round(BACKLOG_SECONDS * self.rate))
+
     def take(self) -> tuple[np.ndarray, bool]:
-        """The audio the next round feeds (at most ROUND_SECONDS of what waits), and whether it is the stream's last."""
-        audio, most = np.concatenate(self.pending or [np.zeros(0, np.int16)]), round(ROUND_SECONDS * self.rate)
-        self.pending = [audio[most:]] if len(audio) > most else []
-        self.waiting = max(0, len(audio) - most)
+        """The audio the next round feeds (at most ROUND_SECONDS of what waits, from the front, so that a backlog is
+        never copied whole), and whether it is the stream's last."""
+        most, pieces, got = round(ROUND_SECONDS * self.rate), [], 0
+        while self.pending and got < most:
+            piece = self.pending.popleft()
+            if got + len(piece) > most:  # the rest of this piece waits for the next round
+                self.pending.appendleft(piece[most - got:])
+                piece = piece[: most - got]
+            pieces.append(piece)
+            got += len(piece)
+        self.waiting -= got
         self.finished = self.ended and not self.pending
-        return audio[:most], self.finished
+        self.taken.set()
+        return np.concatenate(pieces or [np.zeros(0, np.int16)]), self.finished
 
     def client_samples(self, samples: int) -> int:
         """Samples at the model's rate -> at the client's, rounded down."""
@@ -205,6 +226,8 @@ class StreamServer:
                 self.wake.set()
             if stream.ended:
                 return True
+            if stream.backlogged:
+                await drained(connection, stream)
         return False
 
     async def send_results(self, connection: ServerConnection, stream: Stream) -> None:
@@ -232,10 +255,13 @@ class StreamServer:
         if start.get("type") != "start" or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
             raise ProtocolError(f"the first message must be {{\"type\": \"start\", \"sample_rate\": HZ}} with HZ an "
                                 f"integer from {MIN_RATE} to {MAX_RATE}; got {str(message)[:200]}")
-        transcriber = self.model_for(rate)
+        transcriber, chunk = self.model_for(rate), start.get("chunk_seconds", self.chunk_seconds)
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, float))):
+            raise ProtocolError(f"chunk_seconds must be a number of seconds, got a JSON {type(chunk).__name__}")
         try:
-            session = transcriber.open_stream(start.get("chunk_seconds", self.chunk_seconds), self.endpoint_seconds)
-        except (TypeError, ValueError) as err:
+            check_resampling(rate, transcriber.sample_rate, "sample_rate")
+            session = transcriber.open_stream(chunk, self.endpoint_seconds)
+        except (TypeError, ValueError, OverflowError) as err:  # AudioError is a ValueError
             raise ProtocolError(str(err)) from None
         resampler = StreamResampler(rate, transcriber.sample_rate) if rate != transcriber.sample_rate else None
         ready = {"type": "ready", "sample_rate": rate, "model_sample_rate": transcriber.sample_rate,
@@ -270,10 +296,11 @@ class StreamServer:
 
     @staticmethod
     async def refuse(connection: ServerConnection, code: int, message: str) -> None:
-        """An error message, then the close ``code``, to a client that may already be gone."""
+        """An error message, then the close ``code``, to a client that may already be gone. The close reason is the
+        message cut to 123 bytes of UTF-8 (RFC 6455's most), before any character the cut would split."""
         try:
             await connection.send(json.dumps({"type": "error", "message": message}))
-            await connection.close(code, message[:120])  # a close reason is at most 123 bytes
+            await connection.close(code, message.encode(errors="replace")[:123].decode(errors="ignore"))
         except ConnectionClosed:
             pass
 
@@ -296,11 +323,26 @@ class StreamServer:
         self.model_thread.shutdown(wait=True)
 
 
+async def drained(connection: ServerConnection, stream: Stream) -> None:
+    """Backpressure: return once rounds have taken ``stream`` out of its backlog (Stream.backlogged), or the
+    connection has closed; meanwhile its messages are not read (websockets then stops reading the socket, and TCP
+    holds the client's sends). A backlogged stream is due, so a round comes."""
+    closed = asyncio.ensure_future(connection.wait_closed())
+    try:
+        while stream.backlogged and not closed.done():
+            stream.taken.clear()
+            taken = asyncio.ensure_future(stream.taken.wait())
+            await asyncio.wait([taken, closed], return_when=asyncio.FIRST_COMPLETED)
+            taken.cancel()
+    finally:
+        closed.cancel()
+
+
 def read_message(message: str | bytes) -> dict:
-    """A text message's JSON object; ProtocolError for anything else."""
+    """A text message's JSON object; ProtocolError for anything else (nesting too deep to parse too)."""
     try:
         value = json.loads(message)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         value = None
     if not isinstance(value, dict):
         raise ProtocolError(f"not a JSON object: {str(message)[:200]}")
@@ -324,11 +366,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--threads", type=int, default=None, help="torch threads of the model's thread (default: the usable cores "
         "but one, left to the event loop)")
     add("--chunk_seconds", type=float, default=None, help="audio per encoder step, a whole number of the model's "
-        "frames (default: each model's model.encoder.chunk_frames); a client's start message may ask for another")
+        f"frames, at most {MAX_CHUNK_SECONDS:g} s (default: each model's model.encoder.chunk_frames); a client's start "
+        "message may ask for another")
     add("--endpoint_seconds", type=float, default=ENDPOINT_SECONDS, help="silence after words that ends a segment")
     add("--min_confidence", type=float, default=0.0, help="drop words under this confidence (0..1)")
     add("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be from 0 to 65535, got {args.port}")
+    return args
 
 
 async def serve_until_stopped(server: StreamServer, host: str, port: int) -> None:
@@ -340,7 +386,8 @@ async def serve_until_stopped(server: StreamServer, host: str, port: int) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m asr.serve``: serve until interrupted (Ctrl-C, SIGTERM); 2 if a checkpoint or flag cannot be used."""
+    """``python -m asr.serve``: serve until interrupted (Ctrl-C, SIGTERM); 2 if a checkpoint or flag cannot be used
+    or --host and --port cannot be listened on."""
     args = parse_args(argv)
     try:
         transcribers = [Transcriber.from_checkpoint(Path(c), args.device, min_confidence=args.min_confidence)
@@ -353,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve_until_stopped(server, args.host, args.port))
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
+    except OSError as err:  # the address is taken or not this machine's (the bind, before anything is served)
+        print(f"python -m asr.serve: error: cannot listen on --host {args.host} --port {args.port}: {err}",
+              file=sys.stderr)
+        return 2
     finally:
         server.close()
     return 0

@@ -1,7 +1,8 @@
 """asr.serve (asr.inference.serving) with a real WebSocket client on 127.0.0.1, at a port the system chooses: the
 protocol's round trip, models of several sample rates, the refusal past the stream limit, clients that hang up or
 break the protocol, concurrent clients stepped together, an event loop that never waits for the model, a failing
-model, a small real-time load test, and the command as documented. Every test has a timeout and stops its server.
+model, a client faster than the model (backpressure), a small real-time load test, and the command as documented
+(and on a port in use). Every test has a timeout and stops its server.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -122,20 +124,31 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_place(streaming_transcriber
     ('{"type": "start", "sample_rate": 16000, "chunk_seconds": 0.05}', None, "whole number of the model's"),
     ('{"type": "start", "sample_rate": 16000}', b"\x00\x01\x02", "whole 16-bit samples"),
     ('{"type": "start", "sample_rate": 16000}', "stop", "not a JSON object"),
+    ('{"type": "start", "sample_rate": 16001}', None, "sample_rate: 16001 Hz cannot be resampled to 16000 Hz"),
+    ('{"type": "start", "sample_rate": 16000, "chunk_seconds": 3600}', None, "must be over 0 and at most 2 s"),
+    ('{"type": "start", "sample_rate": 16000, "chunk_seconds": Infinity}', None, "a start message's chunk_seconds"),
+    ('{"type": "start", "sample_rate": 16000, "chunk_seconds": "0.08"}', None, "chunk_seconds must be a number"),
+    pytest.param('{"type": "' + "开始" * 40 + '"}', None, "the first message must be", id="a long type in CJK"),
+    pytest.param("开始" * 100, None, "not a JSON object", id="CJK text"),
+    pytest.param("[" * 100000, None, "not a JSON object", id="nested too deep"),
 ])
 def test_a_message_the_protocol_does_not_allow_gets_an_error_and_close_1008(streaming_transcriber, first, then,
                                                                             message):
+    """Each gets its error message and close 1008 with the message as its reason, cut to the 123 bytes a close
+    reason may hold (never mid-character): an odd rate before any resampling filter is built, a chunk too long or
+    infinite, text of many-byte characters, JSON nested too deep to parse."""
     async def conversation(uri):
-        async with connect(uri) as ws:
+        async with connect(uri, max_size=2 ** 20) as ws:
             await ws.send(first)
             if then is not None:
                 await ws.send(then)
             heard = Heard()
             await receive(ws, heard)
-            return heard, ws.close_code
+            return heard, ws.close_code, ws.close_reason
 
-    heard, code = talk(StreamServer([streaming_transcriber], threads=1), conversation)
+    heard, code, reason = talk(StreamServer([streaming_transcriber], threads=1), conversation)
     assert code == 1008 and len(heard.errors) == 1 and message in heard.errors[0]
+    assert reason and len(reason.encode()) <= 123 and heard.errors[0].startswith(reason)
 
 
 def test_a_connection_without_a_start_message_is_closed(streaming_transcriber, monkeypatch):
@@ -221,15 +234,66 @@ def test_the_event_loop_answers_while_the_model_is_busy(streaming_transcriber):
             ready = json.loads(await asyncio.wait_for(ws.recv(), 5.0))
             await ws.send(pcm16(speech_and_pauses().numpy()[: RATE]))
             await ws.send(json.dumps({"type": "end"}))
-            pending = next(iter(server.streams)).pending
+            stream = next(iter(server.streams))
+            for _ in range(250):  # the server reads the audio and the end message while the model is held
+                if stream.ended:
+                    break
+                await asyncio.sleep(0.02)
+            read_while_held = stream.ended and not gate.is_set()
             gate.set()
             heard = Heard()
             await receive(ws, heard)
-            return ready, pending, heard, ws.close_code
+            return ready, read_while_held, heard, ws.close_code
 
-    ready, pending, heard, code = talk(server, conversation)
-    assert ready["type"] == "ready" and len(pending) == 1 and len(pending[0]) == RATE
+    ready, read_while_held, heard, code = talk(server, conversation)
+    assert ready["type"] == "ready" and read_while_held
     assert code == 1000 and heard.results and heard.results[-1]["type"] == "final"
+
+
+def test_a_client_faster_than_the_model_is_read_only_up_to_the_backlog(streaming_transcriber):
+    """18 s sent in 1 s messages as fast as the client can while the model thread is held: the server holds at most
+    BACKLOG_SECONDS of it (and one message), not the 18 s, then stops reading the connection; once the model is free
+    the rest is read as rounds take it, and the client gets the finals the API gives its audio and an orderly close."""
+    audio = np.tile(speech_and_pauses().numpy(), 3)
+    expected = [u.to_json() for u in streaming_transcriber.stream([torch.from_numpy(heard_audio(audio))]) if u.final]
+    server, gate, held = StreamServer([streaming_transcriber], threads=1), threading.Event(), []
+    server.model_thread.submit(gate.wait, TIMEOUT)
+
+    async def send_all(ws):
+        data = pcm16(audio)
+        for at in range(0, len(data), 2 * RATE):
+            await ws.send(data[at: at + 2 * RATE])
+        await ws.send(json.dumps({"type": "end"}))
+
+    async def conversation(uri):
+        async with connect(uri, max_size=2 ** 20) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": RATE}))
+            heard = Heard()
+            receiving, sending = asyncio.create_task(receive(ws, heard)), asyncio.create_task(send_all(ws))
+            for _ in range(100):  # 2 s of the server reading what it will while the model is held
+                held.append(max((stream.waiting for stream in server.streams), default=0))
+                await asyncio.sleep(0.02)
+            gate.set()
+            await sending
+            await receiving
+            return heard, ws.close_code
+
+    heard, code = talk(server, conversation)
+    assert serving.BACKLOG_SECONDS * RATE <= max(held) <= (serving.BACKLOG_SECONDS + 1) * RATE
+    assert code == 1000 and not heard.errors and heard.finals == expected and expected
+
+
+def test_a_round_takes_the_oldest_audio_first_and_at_most_a_round_s_worth():
+    stream = serving.Stream(session=None, resampler=None, rate=10)  # ROUND_SECONDS (1 s) is 10 samples
+    for piece in (np.arange(0, 7), np.arange(7, 14), np.arange(0), np.arange(14, 21)):
+        stream.add(piece.astype(np.int16))
+    first, last = stream.take()
+    assert first.tolist() == list(range(10)) and not last and stream.waiting == 11 and stream.due
+    stream.ended = True
+    second, last = stream.take()
+    assert second.tolist() == list(range(10, 20)) and not last and stream.waiting == 1
+    third, last = stream.take()
+    assert third.tolist() == [20] and last and stream.waiting == 0 and not stream.due and not stream.pending
 
 
 def test_a_round_the_model_fails_ends_its_streams_with_1011_and_the_server_goes_on(streaming_transcriber, monkeypatch):
@@ -290,3 +354,18 @@ def test_the_documented_command_serves_until_interrupted(char_tokenizer, tmp_pat
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def test_serve_on_a_port_in_use_ends_in_one_line_naming_it(char_tokenizer, tmp_path):
+    """``python -m asr.serve --checkpoint C --port P`` with P taken: exit status 2 and one line naming --host and
+    --port, no traceback."""
+    path = save_checkpoint(streaming_module(char_tokenizer), tmp_path / "streaming.ckpt")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "asr.serve", "--checkpoint", str(path), "--port", str(port)],
+                                cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1].startswith(
+        f"python -m asr.serve: error: cannot listen on --host 127.0.0.1 --port {port}: ")

@@ -117,6 +117,13 @@ MAX_FILTER = 1_000_000  # resampling filter values (8 MB in float64): the common
 # Hz would need 256 million (2 GB)
 
 
+def stream_resampler(from_rate: int, to_rate: int, name: str) -> "StreamResampler | None":
+    """A StreamResampler from ``from_rate`` to ``to_rate`` Hz, None where they are equal; AudioError naming ``name``
+    where the filter would be too large (check_resampling)."""
+    check_resampling(from_rate, to_rate, name)
+    return StreamResampler(from_rate, to_rate) if from_rate != to_rate else None
+
+
 class StreamResampler:
     """``resample`` of a stream, piece by piece: what it gives for the pieces joined is ``resample`` of the whole
     (to float rounding). Each piece is resampled with ``margin`` input samples of the audio on both sides (more

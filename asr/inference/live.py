@@ -24,7 +24,7 @@ from typing import BinaryIO, TextIO
 import numpy as np
 import torch
 
-from asr.audio import AudioError, StreamResampler, check_resampling
+from asr.audio import AudioError, stream_resampler
 from asr.data.manifest import Utterance
 from asr.data.sources import UtteranceAudio
 from asr.inference.streaming import Update
@@ -76,8 +76,7 @@ def pcm_pieces(f: BinaryIO, name: str, sample_rate: int) -> Iterator[np.ndarray]
     (module docstring). A rate that cannot be resampled to ``sample_rate`` raises AudioError naming ``name``."""
     pending, rate, channels, left = wav_header(f, name)
     rate = rate or sample_rate
-    check_resampling(rate, sample_rate, name)
-    convert = StreamResampler(rate, sample_rate) if rate != sample_rate else None
+    convert = stream_resampler(rate, sample_rate, name)
     size, read = 2 * channels * round(PIECE_SECONDS * rate), getattr(f, "read1", f.read)
     while data := read(size if left is None else min(size, left)):
         left = None if left is None else left - len(data)
@@ -96,8 +95,7 @@ def file_pieces(path: str, sample_rate: int) -> Iterator[np.ndarray]:
     start or on the way, non-finite samples, or a rate that cannot be resampled to ``sample_rate`` raise AudioError
     naming it."""
     with UtteranceAudio(Utterance(Path(path), 0.0, "")) as audio:
-        check_resampling(audio.rate, sample_rate, path)
-        convert = StreamResampler(audio.rate, sample_rate) if audio.rate != sample_rate else None
+        convert = stream_resampler(audio.rate, sample_rate, path)
         for samples in audio.pieces(round(PIECE_SECONDS * audio.rate)):
             yield convert(torch.from_numpy(samples)).numpy() if convert else samples
         if convert:

@@ -41,7 +41,7 @@ import torch
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from asr.audio import StreamResampler, check_resampling
+from asr.audio import StreamResampler, stream_resampler
 from asr.hardware import usable_cores
 from asr.inference.batched import feed_together
 from asr.inference.streaming import ENDPOINT_SECONDS, MAX_CHUNK_SECONDS, Session, Update
@@ -259,11 +259,10 @@ class StreamServer:
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, float))):
             raise ProtocolError(f"chunk_seconds must be a number of seconds, got a JSON {type(chunk).__name__}")
         try:
-            check_resampling(rate, transcriber.sample_rate, "sample_rate")
+            resampler = stream_resampler(rate, transcriber.sample_rate, "sample_rate")
             session = transcriber.open_stream(chunk, self.endpoint_seconds)
         except (TypeError, ValueError, OverflowError) as err:  # AudioError is a ValueError
             raise ProtocolError(str(err)) from None
-        resampler = StreamResampler(rate, transcriber.sample_rate) if rate != transcriber.sample_rate else None
         ready = {"type": "ready", "sample_rate": rate, "model_sample_rate": transcriber.sample_rate,
                  "chunk_seconds": round(session.chunk * session.model.frame_seconds, 6),
                  "frame_seconds": session.model.frame_seconds}

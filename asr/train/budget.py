@@ -503,43 +503,45 @@ class RunFolders(pl.Callback):
             write_plan(self.plan, record)
 
 
-def resume(args: list[str], budget: float) -> dict:
-    """``--budget ... --ckpt_path last``: continue the chosen run of the plan in the run folder, not the search: from
+def resume(args: list[str], given: str, budget: float) -> dict:
+    """``--budget ... --ckpt_path last`` (``given``; ``args`` without it): continue the chosen run of the plan in the run folder, not the search: from
     the winner's newest readable last checkpoint, or, if it wrote none yet, from the probe's it started with. With no
     plan (the search did not finish) the search starts again."""
     from asr.train import fitting
 
     folder = budget_folder(fitting.build(args))
-    at = next(i for i, a in enumerate(args) if a.split("=", 1)[0] == "--ckpt_path")
-    given = args[at].split("=", 1)[1] if "=" in args[at] else args[at + 1]
-    rest = args[:at] + args[at + (1 if "=" in args[at] else 2):]
     if not (folder / PLAN).is_file():
         print(f"--budget with --ckpt_path: no model was chosen yet (no {folder / PLAN}: the search did not finish); "
               "the search starts again")
-        return Search(rest, budget).search()
+        return Search(args, budget).search()
     record = read_plan(folder / PLAN)
     again = list(record["continue"])  # with --ckpt_path of the probe's checkpoint the winner started from
     if given == "last":
-        written = [c for run in record.get("run_folders", []) for c in last_checkpoints(Path(run))]
-        found = fitting.newest_readable(sorted(written, key=lambda c: c.stat().st_mtime_ns, reverse=True))
+        found = fitting.newest_readable(last_checkpoints(*map(Path, record.get("run_folders", []))))
         given = found or (again[again.index("--ckpt_path") + 1] if "--ckpt_path" in again else None)
     if "--ckpt_path" in again:
         del again[again.index("--ckpt_path"):again.index("--ckpt_path") + 2]
     print(f"--budget: continuing the chosen run, {record['chosen']} (plan: {folder / PLAN}), from {given}")
-    fitting.main([*rest, *again, *(["--ckpt_path", given] if given else [])], [RunFolders(folder / PLAN)],
+    fitting.main([*args, *again, *(["--ckpt_path", given] if given else [])], [RunFolders(folder / PLAN)],
                  within_budget=True)
     return record
 
 
-def split_args(args: list[str]) -> tuple[float | None, list[str]]:
-    """(--budget's seconds or None, the other arguments): the budget is this module's, not LightningCLI's."""
-    rest, budget, it = [], None, iter(args)
+def take_flag(args: list[str], name: str) -> tuple[str | None, list[str]]:
+    """(the value of ``name`` in ``args``, given as ``name V`` or ``name=V``, or None; the other arguments)."""
+    rest, value, it = [], None, iter(args)
     for arg in it:
-        if arg == "--budget" or arg.startswith("--budget="):
-            budget = parse_budget(arg.split("=", 1)[1] if "=" in arg else next(it, ""))
+        if arg == name or arg.startswith(name + "="):
+            value = arg.split("=", 1)[1] if "=" in arg else next(it, "")
         else:
             rest.append(arg)
-    return budget, rest
+    return value, rest
+
+
+def split_args(args: list[str]) -> tuple[float | None, list[str]]:
+    """(--budget's seconds or None, the other arguments): the budget is this module's, not LightningCLI's."""
+    text, rest = take_flag(args, "--budget")
+    return (None if text is None else parse_budget(text)), rest
 
 
 def main(budget: float, args: list[str]) -> dict:
@@ -549,6 +551,7 @@ def main(budget: float, args: list[str]) -> dict:
     if given:
         raise ConfigError(f"--budget sizes each of its runs' {', '.join(SET_BY_THE_BUDGET)} itself: drop {given[0]} "
                           "(or train one model for a time with --trainer.max_time instead of --budget)")
-    if any(a == "--ckpt_path" or a.startswith("--ckpt_path=") for a in args):
-        return resume(args, budget)
+    given, rest = take_flag(args, "--ckpt_path")
+    if given is not None:
+        return resume(rest, given, budget)
     return Search(args, budget).search()

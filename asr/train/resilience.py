@@ -223,11 +223,12 @@ def requeue_slurm_job() -> None:
         rank_zero_info(f"scontrol requeue {job}: {'done' if result.returncode == 0 else result.stderr.strip()}")
 
 
-def last_checkpoints(run_folder: Path) -> list[Path]:
-    """The ``last*.ckpt`` files (or FSDP's folders) under ``run_folder`` (``<save_dir>/<name>``), any version (or,
-    run without a logger or given one version's folder, in ``run_folder/checkpoints``), the most recently written
+def last_checkpoints(*run_folders: Path) -> list[Path]:
+    """The ``last*.ckpt`` files (or FSDP's folders) under each of ``run_folders`` (``<save_dir>/<name>``), any version
+    (or, run without a logger or given one version's folder, in ``run_folder/checkpoints``), the most recently written
     first."""
-    found = [*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt")]
+    found = [p for run_folder in run_folders
+             for p in (*run_folder.glob("version_*/checkpoints/last*.ckpt"), *run_folder.glob("checkpoints/last*.ckpt"))]
     return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 
 

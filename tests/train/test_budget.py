@@ -307,7 +307,7 @@ def test_the_smallest_budget_named_is_enough(monkeypatch):
 
 
 def resume_in(tmp: Path, monkeypatch, plan: dict | None) -> list[str]:
-    """budget.resume of ``--ckpt_path last`` in a run folder ``tmp/run`` holding ``plan`` (None: no plan.json):
+    """budget.main (the resume) of ``--ckpt_path last`` in a run folder ``tmp/run`` holding ``plan`` (None: no plan.json):
     the arguments of the run it continues (asr.fit's main faked), or ["search"] if the search starts again."""
     from asr.train import fitting
 
@@ -319,7 +319,7 @@ def resume_in(tmp: Path, monkeypatch, plan: dict | None) -> list[str]:
     (tmp / "run" / "budget").mkdir(parents=True)
     if plan is not None:
         budget.write_plan(tmp / "run" / "budget" / budget.PLAN, plan)
-    budget.resume(["--seed_everything", "1", "--ckpt_path", "last"], 300.0)
+    budget.main(300.0, ["--seed_everything", "1", "--ckpt_path", "last"])
     return ran
 
 

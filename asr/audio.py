@@ -2,8 +2,9 @@
 into frames is part of the model (asr.models.features).
 
 ``AudioFile`` is a file open for reading in pieces, mixed to mono float32 (n,); ``load_audio`` reads one span of it;
-``resample`` uses torchaudio's sinc filter, ``StreamResampler`` the same piece by piece (``check_resampling`` refuses
-a rate pair whose filter would take gigabytes: 16001 -> 16000 Hz); ``frame_samples`` is samples per encoder frame.
+``resample`` uses torchaudio's sinc filter (any two rates: where the filter would take gigabytes, 16001 -> 16000 Hz,
+``sinc_resample`` computes it per output sample), ``StreamResampler`` the same piece by piece (``check_resampling``
+refuses such a pair for streams); ``frame_samples`` is samples per encoder frame.
 An utterance's audio is read through asr.data.sources, which names its manifest line too.
 """
 
@@ -95,26 +96,70 @@ def read_mono(f: soundfile.SoundFile, start: int, frames: int) -> np.ndarray:
 
 
 def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:
-    """Resample (..., n) float audio from ``from_rate`` to ``to_rate`` Hz (torchaudio's sinc filter)."""
+    """Resample (..., n) float audio from ``from_rate`` to ``to_rate`` Hz (torchaudio's sinc filter). Any two rates:
+    a pair whose filter would be too large to build (filter_values > MAX_FILTER: 16001 or 11127 -> 16000 Hz) is
+    resampled by ``sinc_resample``, the same filter computed for each output sample, in bounded memory."""
     if from_rate == to_rate:
         return samples
+    if filter_values(from_rate, to_rate) > MAX_FILTER:
+        return sinc_resample(samples, from_rate, to_rate)
     return resampler(from_rate, to_rate, samples.dtype)(samples)
 
 
-def check_resampling(from_rate: int, to_rate: int, name: str) -> None:
-    """Raise AudioError naming ``name`` if resampling ``from_rate`` to ``to_rate`` Hz needs a sinc filter of more than
-    MAX_FILTER values: torchaudio's holds about (from_rate / gcd) x (to_rate / gcd) of them, built at once."""
+def filter_values(from_rate: int, to_rate: int) -> int:
+    """How many values torchaudio's sinc filter from ``from_rate`` to ``to_rate`` Hz holds: one row of taps per
+    output phase, (to_rate / gcd) x (from_rate / gcd + 2 x reach), built at once (and cached by ``resampler``)."""
     g = math.gcd(from_rate, to_rate)
-    values = (from_rate // g) * (to_rate // g)
+    return (to_rate // g) * (from_rate // g + 2 * math.ceil(ZERO_CROSSINGS * from_rate / cutoff(from_rate, to_rate)))
+
+
+def cutoff(from_rate: int, to_rate: int) -> float:
+    """The filter's low-pass edge, Hz: torchaudio's rolloff (0.99) of the lower rate's Nyquist band, x 2."""
+    return min(from_rate, to_rate) * ROLLOFF
+
+
+ZERO_CROSSINGS, ROLLOFF = 6, 0.99  # torchaudio's Resample defaults (lowpass_filter_width, rolloff), which resampler uses
+
+
+def sinc_resample(samples: torch.Tensor, from_rate: int, to_rate: int, block: int = 1 << 15) -> torch.Tensor:
+    """``resample`` for any two rates without building the filter: output sample m (at m / to_rate s) is the sum of
+    the input samples n within ZERO_CROSSINGS of it, each times torchaudio's Hann-windowed sinc of their distance,
+    (n / from_rate - m / to_rate) x cutoff; computed ``block`` outputs at a time. Equal to torchaudio's to float
+    rounding, with a (..., ceil(n x to_rate / from_rate)) result as its."""
+    shape, n = samples.shape[:-1], samples.shape[-1]
+    flat = samples.reshape(-1, n)
+    edge = cutoff(from_rate, to_rate)
+    reach = math.ceil(ZERO_CROSSINGS * from_rate / edge)  # input samples either side of an output's centre
+    padded = torch.nn.functional.pad(flat, (reach + 1, reach + 1))
+    taps = torch.arange(-reach, reach + 2, dtype=torch.float64)
+    total = -(-n * to_rate // from_rate)
+    out = torch.empty(flat.shape[0], total, dtype=samples.dtype)
+    for first in range(0, total, block):
+        m = torch.arange(first, min(first + block, total), dtype=torch.float64)
+        centre = torch.floor(m * from_rate / to_rate)  # exact in float64 for any file (up to 2^53 / from_rate samples)
+        n_in = centre[:, None] + taps  # (block, taps) input sample indices
+        t = ((n_in / from_rate - m[:, None] / to_rate) * edge).clamp_(-ZERO_CROSSINGS, ZERO_CROSSINGS)
+        weights = torch.cos(t * math.pi / ZERO_CROSSINGS / 2) ** 2 * torch.sinc(t) * (edge / from_rate)
+        gathered = padded[:, (n_in + reach + 1).long()]  # (channels, block, taps)
+        out[:, first: first + len(m)] = (gathered * weights.to(samples.dtype)).sum(-1)
+    return out.reshape(*shape, total)
+
+
+def check_resampling(from_rate: int, to_rate: int, name: str) -> None:
+    """Raise AudioError naming ``name`` if a stream from ``from_rate`` to ``to_rate`` Hz needs a sinc filter of more
+    than MAX_FILTER values (filter_values): a StreamResampler's pieces start on whole periods of the two rates, and
+    such a pair's period is long (16001 Hz: a second). Whole files take any rate (``resample``)."""
+    values = filter_values(from_rate, to_rate)
     if values > MAX_FILTER:
+        g = math.gcd(from_rate, to_rate)
         raise AudioError(f"{name}: {from_rate} Hz cannot be resampled to {to_rate} Hz here: the ratio {to_rate // g}/"
                          f"{from_rate // g} needs a filter of {values:,} values (at most {MAX_FILTER:,}); give a "
                          f"common rate (8000, 16000, 44100, 48000 Hz, ...)")
 
 
-MAX_FILTER = 1_000_000  # resampling filter values (8 MB in float64): the common rates (8000, 11025, 16000, 22050,
-# 24000, 32000, 44100, 48000, 96000 Hz) to 8 or 16 kHz need at most 441 x 640 (11025 -> 16000 Hz); 16001 -> 16000
-# Hz would need 256 million (2 GB)
+MAX_FILTER = 1_000_000  # resampling filter values (4 MB in float32; resampler caches 256 pairs): the common rates (8000,
+# 11025, 16000, 22050, 24000, 32000, 44100, 48000, 96000 Hz) to 8 or 16 kHz need at most 640 x 455 (11025 -> 16000
+# Hz); 16001 -> 16000 Hz would need 256 million (1 GB, 10 GB while built)
 
 
 def stream_resampler(from_rate: int, to_rate: int, name: str) -> "StreamResampler | None":

@@ -4,7 +4,7 @@ import soundfile
 import torch
 import torchaudio.functional as AF
 
-from asr.audio import AudioError, check_resampling, fast_fft_length, load_audio, resample
+from asr.audio import AudioError, check_resampling, fast_fft_length, load_audio, resample, resampler, sinc_resample
 
 
 def test_load_audio_mixes_stereo_to_mono_float32_at_the_files_rate(write_audio):
@@ -94,10 +94,35 @@ def test_a_stream_resampled_in_pieces_is_the_whole_resampled(rates):
 
 @pytest.mark.parametrize("model_rate", [8000, 16000])
 def test_every_common_rate_may_be_resampled_and_an_odd_one_is_refused_naming_the_input(model_rate):
-    """A rate pair whose sinc filter would take gigabytes (16001 -> 16000 Hz: 256 million values, built at once) is
-    refused before any filter is made, naming the input; the rates of real audio all pass."""
+    """A stream at a rate whose sinc filter would take gigabytes (16001 -> 16000 Hz: 256 million values, and a
+    period of a second) is refused before any filter is made, naming the input; the rates of real audio all pass."""
     for rate in (4000, 8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96000, 192000):
         check_resampling(rate, model_rate, "call.wav")
     for rate in (16001, 191999, 44101):
         with pytest.raises(AudioError, match=f"^call.wav: {rate} Hz cannot be resampled to {model_rate} Hz"):
             check_resampling(rate, model_rate, "call.wav")
+
+
+@pytest.mark.parametrize("from_rate, to_rate", [(11025, 16000), (16000, 8000), (8000, 16000), (47952, 16000)])
+def test_sinc_resample_without_the_filter_equals_torchaudios(from_rate, to_rate):
+    wave = torch.randn(2, 3 * from_rate + 17, generator=torch.Generator().manual_seed(0))
+    out = sinc_resample(wave, from_rate, to_rate, block=1000)  # blocks end inside the file
+    torch.testing.assert_close(out, AF.resample(wave, from_rate, to_rate), rtol=0, atol=3e-4)
+
+
+@pytest.mark.parametrize("from_rate", [16001, 11127, 191999])
+def test_an_odd_rate_is_resampled_without_building_its_filter(from_rate, monkeypatch):
+    """A whole file at a rate whose filter would take gigabytes (16001 -> 16000 Hz: 256 million values) is
+    resampled all the same, at its length and with a tone at its frequency, and no filter is built."""
+    monkeypatch.setattr("asr.audio.resampler", None)  # calling it would raise
+    t = torch.arange(from_rate) / from_rate
+    out = resample(torch.sin(2 * torch.pi * 440 * t), from_rate, 16000)
+    assert out.shape == (16000,)
+    assert torch.fft.rfft(out).abs().argmax() == 440
+
+
+def test_the_common_rates_keep_the_cached_filter():
+    resampler.cache_clear()
+    resample(torch.randn(44100), 44100, 16000)
+    resample(torch.randn(44100), 44100, 16000)
+    assert resampler.cache_info().hits == 1

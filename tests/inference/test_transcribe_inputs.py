@@ -84,6 +84,8 @@ ODD = {
     "22khz.wav": lambda p: write(p, 0.7, 22050),
     "44khz.flac": lambda p: write(p, 0.7, 44100),
     "48khz.wav": lambda p: write(p, 0.7, 48000),
+    "16001hz.wav": lambda p: write(p, 0.7, 16001),  # a filter of 256 million values to 16 kHz: resampled without one
+    "11127hz.wav": lambda p: write(p, 0.7, 11127),  # old Macintosh audio
     "u8.wav": lambda p: write(p, 0.5, subtype="PCM_U8"),
     "pcm24.wav": lambda p: write(p, 0.5, subtype="PCM_24"),
     "pcm32.wav": lambda p: write(p, 0.5, subtype="PCM_32"),

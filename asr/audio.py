@@ -118,7 +118,7 @@ def cutoff(from_rate: int, to_rate: int) -> float:
     return min(from_rate, to_rate) * ROLLOFF
 
 
-ZERO_CROSSINGS, ROLLOFF = 6, 0.99  # torchaudio's Resample defaults (lowpass_filter_width, rolloff), which resampler uses
+ZERO_CROSSINGS, ROLLOFF = 6, 0.99  # torchaudio Resample defaults (lowpass_filter_width, rolloff): resampler uses them
 
 
 def sinc_resample(samples: torch.Tensor, from_rate: int, to_rate: int, block: int = 1 << 15) -> torch.Tensor:
@@ -131,35 +131,37 @@ def sinc_resample(samples: torch.Tensor, from_rate: int, to_rate: int, block: in
     edge = cutoff(from_rate, to_rate)
     reach = math.ceil(ZERO_CROSSINGS * from_rate / edge)  # input samples either side of an output's centre
     padded = torch.nn.functional.pad(flat, (reach + 1, reach + 1))
-    taps = torch.arange(-reach, reach + 2, dtype=torch.float64)
+    taps = torch.arange(-reach, reach + 2, dtype=torch.float32)  # offsets from the output's input sample
     total = -(-n * to_rate // from_rate)
     out = torch.empty(flat.shape[0], total, dtype=samples.dtype)
     for first in range(0, total, block):
-        m = torch.arange(first, min(first + block, total), dtype=torch.float64)
-        centre = torch.floor(m * from_rate / to_rate)  # exact in float64 for any file (up to 2^53 / from_rate samples)
-        n_in = centre[:, None] + taps  # (block, taps) input sample indices
-        t = ((n_in / from_rate - m[:, None] / to_rate) * edge).clamp_(-ZERO_CROSSINGS, ZERO_CROSSINGS)
-        weights = torch.cos(t * math.pi / ZERO_CROSSINGS / 2) ** 2 * torch.sinc(t) * (edge / from_rate)
-        gathered = padded[:, (n_in + reach + 1).long()]  # (channels, block, taps)
-        out[:, first: first + len(m)] = (gathered * weights.to(samples.dtype)).sum(-1)
+        at = torch.arange(first, min(first + block, total), dtype=torch.float64) * from_rate / to_rate  # input samples
+        centre = torch.floor(at)  # exact in float64 for any file (up to 2^53 / from_rate samples)
+        t = ((taps[None] - (at - centre)[:, None].float()) * (edge / from_rate)).clamp_(-ZERO_CROSSINGS, ZERO_CROSSINGS)
+        weights = torch.cos(t * (math.pi / ZERO_CROSSINGS / 2)) ** 2 * torch.sinc(t) * (edge / from_rate)
+        gathered = padded[:, centre.long()[:, None] + (taps.long() + reach + 1)]  # (channels, block, taps)
+        out[:, first: first + len(at)] = (gathered * weights.to(samples.dtype)).sum(-1)
     return out.reshape(*shape, total)
 
 
 def check_resampling(from_rate: int, to_rate: int, name: str) -> None:
     """Raise AudioError naming ``name`` if a stream from ``from_rate`` to ``to_rate`` Hz needs a sinc filter of more
-    than MAX_FILTER values (filter_values): a StreamResampler's pieces start on whole periods of the two rates, and
-    such a pair's period is long (16001 Hz: a second). Whole files take any rate (``resample``)."""
+    than MAX_STREAM_FILTER values (filter_values): a StreamResampler's pieces start on whole periods of the two
+    rates, and such a pair's period is long (16001 Hz: a second). Whole files take any rate (``resample``)."""
     values = filter_values(from_rate, to_rate)
-    if values > MAX_FILTER:
+    if values > MAX_STREAM_FILTER:
         g = math.gcd(from_rate, to_rate)
         raise AudioError(f"{name}: {from_rate} Hz cannot be resampled to {to_rate} Hz here: the ratio {to_rate // g}/"
-                         f"{from_rate // g} needs a filter of {values:,} values (at most {MAX_FILTER:,}); give a "
-                         f"common rate (8000, 16000, 44100, 48000 Hz, ...)")
+                         f"{from_rate // g} needs a filter of {values:,} values (at most {MAX_STREAM_FILTER:,}); "
+                         f"give a common rate (8000, 16000, 44100, 48000 Hz, ...)")
 
 
-MAX_FILTER = 1_000_000  # resampling filter values (4 MB in float32; resampler caches 256 pairs): the common rates (8000,
-# 11025, 16000, 22050, 24000, 32000, 44100, 48000, 96000 Hz) to 8 or 16 kHz need at most 640 x 455 (11025 -> 16000
-# Hz); 16001 -> 16000 Hz would need 256 million (1 GB, 10 GB while built)
+MAX_FILTER = 16_000_000  # filter values resample builds (64 MB in float32, 0.6 s; more while built) and caches: speed
+# perturbation of 22050 and 44100 Hz files (24255 or 39690 -> 16000 Hz: 15.5 and 6.4 million) runs 8x faster with it
+# than sinc_resample; 16001 -> 16000 Hz would need 256 million (1 GB, 10 GB while built)
+MAX_STREAM_FILTER = 1_000_000  # for a stream: the common rates (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000,
+# 96000 Hz) to 8 or 16 kHz need at most 640 x 455 (11025 -> 16000 Hz); the server's clients choose their rate, so a
+# client can make it build and cache (resampler, 256 pairs) at most 4 MB a rate
 
 
 def stream_resampler(from_rate: int, to_rate: int, name: str) -> "StreamResampler | None":

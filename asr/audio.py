@@ -156,9 +156,9 @@ def check_resampling(from_rate: int, to_rate: int, name: str) -> None:
                          f"give a common rate (8000, 16000, 44100, 48000 Hz, ...)")
 
 
-MAX_FILTER = 16_000_000  # filter values resample builds (64 MB in float32, 0.6 s; more while built) and caches: speed
-# perturbation of 22050 and 44100 Hz files (24255 or 39690 -> 16000 Hz: 15.5 and 6.4 million) runs 8x faster with it
-# than sinc_resample; 16001 -> 16000 Hz would need 256 million (1 GB, 10 GB while built)
+MAX_FILTER = 8_000_000  # filter values resample builds (32 MB in float32; more while built) and caches: 5 s of audio
+# at 39690 Hz (44.1 kHz at speed 0.9; 6.4 million values) to 16 kHz took 19 ms with it, 71 ms by sinc_resample; at 24255
+# Hz (22.05 kHz at 1.1; 15.5 million) 83 ms against 48 ms (one thread, the EPYC, alone); 16001 Hz would need 256 million
 MAX_STREAM_FILTER = 1_000_000  # for a stream: the common rates (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000,
 # 96000 Hz) to 8 or 16 kHz need at most 640 x 455 (11025 -> 16000 Hz); the server's clients choose their rate, so a
 # client can make it build and cache (resampler, 256 pairs) at most 4 MB a rate

@@ -504,9 +504,9 @@ class RunFolders(pl.Callback):
 
 
 def resume(args: list[str], given: str, budget: float) -> dict:
-    """``--budget ... --ckpt_path last`` (``given``; ``args`` without it): continue the chosen run of the plan in the run folder, not the search: from
-    the winner's newest readable last checkpoint, or, if it wrote none yet, from the probe's it started with. With no
-    plan (the search did not finish) the search starts again."""
+    """``--budget ... --ckpt_path last`` (``given``; ``args`` without it): continue the chosen run of the plan in the
+    run folder, not the search: from the winner's newest readable last checkpoint, or, if it wrote none yet, from the
+    probe's it started with. With no plan (the search did not finish) the search starts again."""
     from asr.train import fitting
 
     folder = budget_folder(fitting.build(args))
@@ -551,7 +551,7 @@ def main(budget: float, args: list[str]) -> dict:
     if given:
         raise ConfigError(f"--budget sizes each of its runs' {', '.join(SET_BY_THE_BUDGET)} itself: drop {given[0]} "
                           "(or train one model for a time with --trainer.max_time instead of --budget)")
-    given, rest = take_flag(args, "--ckpt_path")
-    if given is not None:
-        return resume(rest, given, budget)
+    ckpt_path, rest = take_flag(args, "--ckpt_path")
+    if ckpt_path is not None:
+        return resume(rest, ckpt_path, budget)
     return Search(args, budget).search()

@@ -267,15 +267,16 @@ _IMPORTED = time.monotonic()
 
 
 class StopAtStep(pl.Callback):
-    """Stop training after optimizer step ``step`` (a probe's round); the epoch's end writes last.ckpt as ever.
-    Lightning validates where a run is stopped: ``validated_at`` is the step of the last validation, so the round's
-    loss is read from it instead of validating a second time."""
+    """Stop training after optimizer step ``step`` (a probe's round), or once ``seconds`` of training have passed
+    by the run's Timer (``train_seconds``); the epoch's end writes last.ckpt as ever. Lightning validates where a
+    run is stopped: ``validated_at`` is the step of the last validation, so the round's loss is read from it instead
+    of validating a second time."""
 
-    def __init__(self, step: int):
-        self.step, self.validated_at = step, -1
+    def __init__(self, step: int, seconds: float = math.inf):
+        self.step, self.seconds, self.validated_at = step, seconds, -1
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
-        if trainer.global_step >= self.step:
+        if trainer.global_step >= self.step or train_seconds(trainer) >= self.seconds:
             trainer.should_stop = True
 
     def on_validation_end(self, trainer: pl.Trainer, *args) -> None:
@@ -374,11 +375,11 @@ class Search:
                 "--trainer.logger.init_args.save_dir", where[0], "--trainer.logger.init_args.name", where[1],
                 *([] if final else ["--test", "false"]), *(["--ckpt_path", probe.checkpoint] if probe.checkpoint else [])]
 
-    def run(self, probe: Probe, plan: Schedule, steps: int | None) -> None:
-        """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` and record its validation loss;
-        None: the winner's run, to the end of the time left."""
+    def run(self, probe: Probe, plan: Schedule, steps: int | None, seconds: float = math.inf) -> None:
+        """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` (or ``seconds`` of training, if
+        sooner) and record its validation loss; None: the winner's run, to the end of the time left."""
         began = time.monotonic()
-        stop = StopAtStep(steps) if steps else None
+        stop = StopAtStep(steps, seconds) if steps else None
         callbacks = [stop] if stop else [RunFolders(self.folder / PLAN)]
         cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks, within_budget=True)
         if stop:
@@ -445,8 +446,9 @@ class Search:
             k += 1
             self.run(own, plan, round_end(own, plan.t0, k))
         rivals = sorted(probes[1:], key=lambda p: p.candidate.step_s)[:int(units // 2 ** k) - 1]
-        for probe in rivals:
-            self.run(probe, plan, max(1, round(plan.t0 * 2 ** k / probe.candidate.step_s)))
+        for probe in rivals:  # by the clock: sized by their estimated steps they trained 1.1-1.5x as long as the
+            # scout in the first 60-minute Czech run (the loop's share of a step differs with the width)
+            self.run(probe, plan, 2 * max(1, round(own.seconds[-1] / probe.candidate.step_s)), own.seconds[-1])
         return [own, *rivals], "scout"
 
     def record(self, candidates, plan, probes, winner, predicted, why: str) -> dict:

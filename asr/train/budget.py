@@ -21,9 +21,9 @@ How it chooses (each number below is a constant of this module, and plan.json re
    same number of steps in every width. So the recipe's own model and learning rate run first, as a scout: if
    they write nothing after t0, they train on to 2 t0, 4 t0 ... while the others could still be given as long
    within the probe's share (``scout``). Once they write at T, the others that share affords (the cheapest steps
-   first: they leave the blank stage first) train T each from scratch, and the lowest validation loss at T wins;
-   if they never write in time, they continue with all the time left. A budget too short to tell costs nothing:
-   the scout's rounds are the start of the run that continues.
+   first: they leave the blank stage first) train T each from scratch, by the clock, and the lowest validation loss
+   at T wins; if they never write in time, they continue with all the time left. A budget too short to tell costs
+   nothing: the scout's rounds are the start of the run that continues.
 4. The winner continues from its own weights, optimizer and schedule (nothing it learned is thrown away) for the
    time left, stopped by ``--trainer.max_time``, and the test split scores it as in any run.
 

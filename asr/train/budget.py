@@ -15,15 +15,10 @@ How it chooses (each number below is a constant of this module, and plan.json re
    2 t0, then 4 t0 (6 -> 3 -> 2). Each candidate's learning rate follows the schedule it would have as the winner
    (warm-up and cosine over the steps it would make in the winner's time), so a probe is the start of that run.
 3. The choice: each survivor's validation losses against its training seconds are fitted with a power law,
-   loss = b * t^-c, and extrapolated to the time it would have in all; the lowest wins (``choose``).
-   CTC's blank stage is the exception (``blank``: validation CER 1.0, no character written yet): there neither the
-   loss nor any other validation figure tried ranks what the candidates learn after it, and it lasts about the
-   same number of steps in every width. So the recipe's own model and learning rate run first, as a scout: if
-   they write nothing after t0, they train on to 2 t0, 4 t0 ... while the others could still be given as long
-   within the probe's share (``scout``). Once they write at T, the others that share affords (the cheapest steps
-   first: they leave the blank stage first) train T each from scratch, by the clock, and the lowest validation loss
-   at T wins; if they never write in time, they continue with all the time left. A budget too short to tell costs
-   nothing: the scout's rounds are the start of the run that continues.
+   loss = b * t^-c, and extrapolated to the time it would have in all; the lowest wins (``choose``). The recipe's
+   own model and learning rate run first: if they write no character after their first round (validation CER
+   1.0: CTC's blank stage, where losses do not rank what the models learn later; ``blank``), the search stops
+   there and they continue with all the time left, so a budget too short to tell costs one round, not the probe.
 4. The winner continues from its own weights, optimizer and schedule (nothing it learned is thrown away) for the
    time left, stopped by ``--trainer.max_time``, and the test split scores it as in any run.
 
@@ -191,28 +186,11 @@ def blank(probe: Probe) -> bool:
     """Whether ``probe``'s model writes no character yet (its last validation CER 1.0): CTC's blank stage, where
     every candidate's loss falls as its blank probability settles and their ranking is not that of what they learn
     after. On the bundled corpus in 5 minutes the search chose d64-lr0.001 by such losses (test WER 0.695) where
-    the recipe's own model for the same 5 minutes scored 0.268 (docs/benchmarks.md, 2026-11-28 late night); on
-    the Czech hour the lowest loss at 40-100 s was d144 at lr 0.002, which diverged, the highest d96, which led
-    from the moment it wrote (150 s) on (2026-11-29 noon; the cross-entropy of the characters at the frames CTC
-    aligns them to ranked them as the loss did)."""
+    the recipe's own model for the same 5 minutes scored 0.268 (docs/benchmarks.md, 2026-11-28 late night). On the
+    Czech hour no figure tried (the loss, the cross-entropy of the characters at the frames CTC aligns them to, CERs
+    with the blank lowered) ranked four candidates before one wrote, and comparing them once the recipe's model
+    wrote (a scout, 2026-11-29 noon) chose one ahead for minutes and behind by the hour: the rule stays."""
     return bool(probe.errors) and probe.errors[-1] >= 1.0
-
-
-def decide(alive: list[Probe], how: str, plan: Schedule, candidates: int) -> tuple[Probe, dict[str, float], str]:
-    """(the winner, each survivor's extrapolated loss, why) of Search.rounds' ``alive`` and ``how``."""
-    if how == "blank":
-        return alive[0], {}, (f"the recipe's own model writes no character after {alive[0].seconds[-1]:.0f} s "
-                              "(validation CER 1.0, CTC's blank stage, whose losses do not rank what the models learn "
-                              "later), and the probe could not give another candidate as long: it continues")
-    if how == "scout":
-        others = len(alive) - 1
-        return min(alive, key=lambda p: p.losses[-1]), {}, (
-            f"the recipe's own model wrote after {alive[0].seconds[-1]:.0f} s (blank before); {others} other"
-            f"{'s' if others > 1 else ''} (the cheapest steps the probe affords) trained as long: lowest validation "
-            "loss then")
-    winner, predicted = choose(alive, plan.winner_seconds - plan.t0 * 2 ** (len(halving(candidates)) - 1))
-    return winner, predicted, (f"lowest validation loss extrapolated to {plan.winner_seconds:.0f} s of training "
-                               "(loss = b t^-c fitted to each survivor's probe)")
 
 
 def survivors(probes: list[Probe], keep: int) -> list[Probe]:
@@ -267,16 +245,15 @@ _IMPORTED = time.monotonic()
 
 
 class StopAtStep(pl.Callback):
-    """Stop training after optimizer step ``step`` (a probe's round), or once ``seconds`` of training have passed
-    by the run's Timer (``train_seconds``); the epoch's end writes last.ckpt as ever. Lightning validates where a
-    run is stopped: ``validated_at`` is the step of the last validation, so the round's loss is read from it instead
-    of validating a second time."""
+    """Stop training after optimizer step ``step`` (a probe's round); the epoch's end writes last.ckpt as ever.
+    Lightning validates where a run is stopped: ``validated_at`` is the step of the last validation, so the round's
+    loss is read from it instead of validating a second time."""
 
-    def __init__(self, step: int, seconds: float = math.inf):
-        self.step, self.seconds, self.validated_at = step, seconds, -1
+    def __init__(self, step: int):
+        self.step, self.validated_at = step, -1
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
-        if trainer.global_step >= self.step or train_seconds(trainer) >= self.seconds:
+        if trainer.global_step >= self.step:
             trainer.should_stop = True
 
     def on_validation_end(self, trainer: pl.Trainer, *args) -> None:
@@ -375,11 +352,11 @@ class Search:
                 "--trainer.logger.init_args.save_dir", where[0], "--trainer.logger.init_args.name", where[1],
                 *([] if final else ["--test", "false"]), *(["--ckpt_path", probe.checkpoint] if probe.checkpoint else [])]
 
-    def run(self, probe: Probe, plan: Schedule, steps: int | None, seconds: float = math.inf) -> None:
-        """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` (or ``seconds`` of training, if
-        sooner) and record its validation loss; None: the winner's run, to the end of the time left."""
+    def run(self, probe: Probe, plan: Schedule, steps: int | None) -> None:
+        """Train ``probe``'s candidate on, from its last checkpoint, to ``steps`` and record its validation loss;
+        None: the winner's run, to the end of the time left."""
         began = time.monotonic()
-        stop = StopAtStep(steps, seconds) if steps else None
+        stop = StopAtStep(steps) if steps else None
         callbacks = [stop] if stop else [RunFolders(self.folder / PLAN)]
         cli = self.fit.main(self.arguments(probe, plan, steps is None), callbacks, within_budget=True)
         if stop:
@@ -403,7 +380,15 @@ class Search:
             self.base.datamodule.tokenizer.save(partial)
         candidates, plan = self.plan()
         probes = [Probe(c) for c in candidates]
-        winner, predicted, why = decide(*self.rounds(probes, plan), plan, len(candidates))
+        alive, undecided = self.rounds(probes, plan)
+        if undecided:
+            winner, predicted = alive[0], {}
+            why = (f"the recipe's own model writes no character after its first round ({plan.t0:.0f} s; validation "
+                   "CER 1.0, CTC's blank stage, whose losses do not rank what the models learn later): it continues")
+        else:
+            winner, predicted = choose(alive, plan.winner_seconds - plan.t0 * 2 ** (len(halving(len(candidates))) - 1))
+            why = (f"lowest validation loss extrapolated to {plan.winner_seconds:.0f} s of training "
+                   f"(loss = b t^-c fitted to each survivor's probe)")
         record = self.record(candidates, plan, probes, winner, predicted, why)
         record["continue"] = self.arguments(winner, plan, final=True)[len(self.args):]  # what a resume runs again
         write_plan(self.folder / PLAN, record)
@@ -417,39 +402,20 @@ class Search:
         plot(record, Path(self.final.trainer.log_dir) / "plan.png")
         return record
 
-    def rounds(self, probes: list[Probe], plan: Schedule) -> tuple[list[Probe], str]:
-        """Successive halving over ``probes`` (the recipe's own first): the survivors of the last round and
-        "halving"; or, when the recipe's own is ``blank`` after its first round, what ``scout`` returns."""
-        first = probes[0]
-        timed = first.candidate.step_s
-        self.run(first, plan, round_end(first, plan.t0, 0))
-        scale_untried(probes, first, timed)
-        if first.candidate.own and blank(first):
-            return self.scout(probes, plan)
+    def rounds(self, probes: list[Probe], plan: Schedule) -> tuple[list[Probe], bool]:
+        """Successive halving over ``probes`` (the recipe's own first): the survivors of the last round, False; or
+        the recipe's own alone, True, when it is still ``blank`` after its first round (the others are not run)."""
         alive = probes
         for k, keep in enumerate(halving(len(probes))):
             alive = survivors(alive, keep) if k else alive
             for probe in alive:
-                if k or probe is not first:
-                    self.run(probe, plan, round_end(probe, plan.t0, k))
-        return alive, "halving"
-
-    def scout(self, probes: list[Probe], plan: Schedule) -> tuple[list[Probe], str]:
-        """The recipe's own model (``probes[0]``, blank after t0) trains on to 2 t0, 4 t0 ... while it writes nothing
-        and the probe's share (``probe_units``: t0s) could still give another candidate as long. Once it writes at
-        T = t0 2^k, as many others as the share affords, the cheapest steps first, train T each: (it and them,
-        "scout"); if it never writes in time, it alone ("blank")."""
-        own, units, k = probes[0], probe_units(len(probes)), 0
-        while blank(own):
-            if units // 2 ** (k + 1) < 2:  # at 2^(k+1) t0 it and one other would be more than the share
-                return [own], "blank"
-            k += 1
-            self.run(own, plan, round_end(own, plan.t0, k))
-        rivals = sorted(probes[1:], key=lambda p: p.candidate.step_s)[:int(units // 2 ** k) - 1]
-        for probe in rivals:  # by the clock: sized by their estimated steps they trained 1.1-1.5x as long as the
-            # scout in the first 60-minute Czech run (the loop's share of a step differs with the width)
-            self.run(probe, plan, 2 * max(1, round(own.seconds[-1] / probe.candidate.step_s)), own.seconds[-1])
-        return [own, *rivals], "scout"
+                timed = probe.candidate.step_s
+                self.run(probe, plan, round_end(probe, plan.t0, k))
+                if probe is probes[0] and k == 0:
+                    if probe.candidate.own and blank(probe):
+                        return [probe], True
+                    scale_untried(probes, probe, timed)
+        return alive, False
 
     def record(self, candidates, plan, probes, winner, predicted, why: str) -> dict:
         return {

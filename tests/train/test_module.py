@@ -192,8 +192,8 @@ def test_under_bf16_autocast_the_loss_and_log_probs_stay_fp32(char_tokenizer, wa
 def test_compiled_blocks_compute_what_eager_blocks_compute(char_tokenizer, waveforms):
     """--model.compile: each Conformer block compiled (its padding-masked batch norm included) computes what it
     computes eagerly."""
-    batch_norm = {"block": "conformer", "conv_norm": "batch", "conv_kernel": 5}
-    eager, compiled = module(char_tokenizer, batch_norm).eval(), module(char_tokenizer, batch_norm, compile=True).eval()
+    conformer = {"block": "conformer", "conv_norm": "batch", "conv_kernel": 5}
+    eager, compiled = module(char_tokenizer, conformer).eval(), module(char_tokenizer, conformer, compile=True).eval()
     compiled.configure_model()
     audio, lengths = waveforms(0.6, 0.5)
     torch.testing.assert_close(compiled(audio, lengths)[0], eager(audio, lengths)[0], atol=1e-4, rtol=1e-4)
